@@ -1,0 +1,317 @@
+// The CPU accelerator: the same handler types, run by host threads that poll the region's
+// server queues. How CI and laptops run everything, and a real backend for hosts without GPUs.
+//
+// Worker w owns server queues q with q % workers == w and client queues c with
+// c % workers == w, so every ring side has exactly one owner thread. A worker serves a burst
+// from each queue it owns, then publishes its TX tail and its RX head once for the burst.
+// When a reply ring is full it stops taking requests from that queue (backpressure reaches the
+// SmartNIC as RX credits it does not get back) until the SmartNIC drains it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "caracal/accel/client.hpp"
+#include "caracal/accel/handler.hpp"
+#include "caracal/mqueue/region.hpp"
+#include "caracal/mqueue/ring.hpp"
+#include "caracal/mqueue/status.hpp"
+
+namespace caracal::accel {
+
+struct CpuOptions {
+  uint32_t workers = 1;
+  // Worker i runs on cpus[i % cpus.size()]; empty leaves placement to the scheduler.
+  std::vector<int> cpus;
+  // Requests taken from one queue before publishing and moving to the next queue.
+  uint32_t burst = 32;
+  // Empty polling rounds before a worker yields its core once (0: never yield).
+  uint32_t idle_rounds_before_yield = 256;
+};
+
+// Counters a worker keeps (relaxed: read for reporting only).
+struct WorkerStats {
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> handler_errors{0};  // handler threw or overran its response buffer
+  std::atomic<uint64_t> reply_ring_full{0}; // times a burst stopped on a full TX ring
+  std::atomic<uint64_t> corrupt_entries{0}; // RX entries that failed validation (ring stopped)
+};
+
+namespace detail {
+
+// Pins the calling thread to `cpu`; an error names the worker and the CPU.
+Status pin_current_thread(uint32_t worker, int cpu);
+
+// Writes `text` into a response buffer as an error reply.
+void write_error(Response& resp, const std::string& text);
+
+}  // namespace detail
+
+template <Handler H>
+class CpuAccelerator {
+ public:
+  CpuAccelerator(mqueue::RegionView region, H handler, CpuOptions options = {})
+      : region_(region), handler_(std::move(handler)), options_(std::move(options)) {
+    if (options_.workers == 0) options_.workers = 1;
+    if (options_.burst == 0) options_.burst = 1;
+  }
+  CpuAccelerator(const CpuAccelerator&) = delete;
+  CpuAccelerator& operator=(const CpuAccelerator&) = delete;
+  ~CpuAccelerator() { stop(); }
+
+  // Starts the workers. Fails (and starts none) if a worker cannot be pinned.
+  Status start() {
+    if (!threads_.empty()) return invalid_argument("CPU accelerator already started");
+    stats_ = std::make_unique<WorkerStats[]>(options_.workers);
+    std::vector<std::unique_ptr<std::atomic<int>>> ready;
+    std::atomic<bool> go{false};
+    std::vector<Status> pin_status(options_.workers);
+    std::atomic<uint32_t> started{0};
+    for (uint32_t w = 0; w < options_.workers; ++w) {
+      threads_.emplace_back([this, w, &pin_status, &started, &go] {
+        if (!options_.cpus.empty()) {
+          pin_status[w] = detail::pin_current_thread(w, options_.cpus[w % options_.cpus.size()]);
+        }
+        started.fetch_add(1, std::memory_order_acq_rel);
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        if (abort_start_.load(std::memory_order_acquire)) return;
+        run_worker(w);
+      });
+    }
+    while (started.load(std::memory_order_acquire) < options_.workers) std::this_thread::yield();
+    Status failed;
+    for (const Status& s : pin_status) {
+      if (!s.ok()) failed = s;
+    }
+    abort_start_.store(!failed.ok(), std::memory_order_release);
+    go.store(true, std::memory_order_release);
+    if (!failed.ok()) {
+      join();
+      return failed;
+    }
+    return Status::ok_status();
+  }
+
+  // Raises the region's stop word and waits for every worker to return.
+  void stop() {
+    if (threads_.empty()) return;
+    region_.request_stop();
+    join();
+  }
+
+  // Waits for the workers without raising the stop word (someone else raises it).
+  void join() {
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+    threads_.clear();
+  }
+
+  const WorkerStats& stats(uint32_t worker) const { return stats_[worker]; }
+  uint32_t workers() const { return options_.workers; }
+  uint64_t total_requests() const {
+    uint64_t n = 0;
+    for (uint32_t w = 0; w < options_.workers; ++w) {
+      n += stats_[w].requests.load(std::memory_order_relaxed);
+    }
+    return n;
+  }
+
+ private:
+  struct ServerQueue {
+    uint32_t index;
+    mqueue::RingConsumer rx;
+    mqueue::RingProducer tx;
+    bool stopped;  // a corrupt entry stopped this queue
+  };
+
+  void run_worker(uint32_t w) {
+    const mqueue::RegionHeader& h = region_.header();
+    std::vector<ServerQueue> queues;
+    for (uint32_t q = w; q < h.server_queue_count; q += options_.workers) {
+      queues.push_back(ServerQueue{q, region_.rx_consumer(q), region_.tx_producer(q), false});
+    }
+    std::vector<ClientChannel> clients;
+    for (uint32_t c = w; c < h.client_queue_count; c += options_.workers) {
+      clients.emplace_back(region_, c);
+    }
+    H handler = handler_;  // each worker its own copy
+    Context ctx(Group(Granularity::kThread, 0, 1), clients.data(),
+                static_cast<uint32_t>(clients.size()), w);
+    const uint32_t max_response = max_response_of<H>(h.max_message_bytes);
+    std::vector<std::byte> staging;
+    if constexpr (batch_of<H>() > 1) staging.resize(size_t{batch_of<H>()} * max_response);
+    WorkerStats& stats = stats_[w];
+
+    uint32_t idle_rounds = 0;
+    uint32_t rounds = 0;
+    for (;;) {
+      uint32_t served = 0;
+      for (ServerQueue& sq : queues) {
+        if (sq.stopped) continue;
+        if constexpr (batch_of<H>() == 1) {
+          served += serve_burst(sq, handler, ctx, max_response, stats);
+        } else {
+          served += serve_batches(sq, handler, ctx, max_response, staging, stats);
+        }
+      }
+      // The stop word carries no data; checked every few thousand rounds, busy or idle.
+      if (++rounds % 2048 == 0 && region_.stop_requested()) break;
+      if (served != 0) {
+        idle_rounds = 0;
+      } else if (options_.idle_rounds_before_yield != 0 &&
+                 ++idle_rounds >= options_.idle_rounds_before_yield) {
+        idle_rounds = 0;
+        std::this_thread::yield();
+      } else {
+        mqueue::spin_pause();
+      }
+    }
+  }
+
+  // Serves up to `burst` requests of one queue with a single-request handler, writing replies
+  // in place in the TX ring.
+  uint32_t serve_burst(ServerQueue& sq, H& handler, Context& ctx, uint32_t max_response,
+                       WorkerStats& stats) {
+    uint32_t n = 0;
+    mqueue::Entry e;
+    while (n < options_.burst) {
+      const mqueue::PollResult r = sq.rx.next(e);
+      if (r == mqueue::PollResult::kEmpty) break;
+      if (r == mqueue::PollResult::kCorrupt) {
+        sq.stopped = true;
+        stats.corrupt_entries.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+      std::byte* out = sq.tx.reserve(max_response);
+      if (out == nullptr) {
+        sq.rx.unread();
+        stats.reply_ring_full.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+      Request req{e.payload, e.length, sq.index, e.token};
+      Response resp{out, max_response, 0, 0};
+      invoke(handler, req, resp, ctx, stats);
+      sq.tx.commit(resp.size, e.token, resp.flags);
+      sq.rx.release();
+      ++n;
+    }
+    if (n != 0) {
+      sq.tx.publish();  // replies first, then the RX credits they free
+      sq.rx.publish();
+      stats.requests.fetch_add(n, std::memory_order_relaxed);
+    }
+    return n;
+  }
+
+  // Serves one queue with a batched handler: up to kBatch requests per call, as many as the TX
+  // ring is sure to have room for; responses are written to per-worker staging and copied into
+  // the ring after the call.
+  uint32_t serve_batches(ServerQueue& sq, H& handler, Context& ctx, uint32_t max_response,
+                         std::vector<std::byte>& staging, WorkerStats& stats) {
+    constexpr uint32_t kBatch = batch_of<H>();
+    const mqueue::RingGeometry& g = sq.tx.geometry();
+    const uint32_t per_reply = mqueue::slots_for(max_response, g.slot_bytes);
+    Request reqs[kBatch];
+    Response resps[kBatch];
+    uint32_t total = 0;
+    while (total < options_.burst) {
+      // Room for k replies, whatever skip marker the ring end forces: k*per_reply + per_reply-1.
+      uint32_t room = sq.tx.credits();
+      if (room < 2 * per_reply - 1) {
+        sq.tx.refresh_credits();
+        room = sq.tx.credits();
+      }
+      uint32_t k = 0;
+      mqueue::Entry e;
+      while (k < kBatch && (k + 2) * per_reply - 1 <= room) {
+        const mqueue::PollResult r = sq.rx.next(e);
+        if (r == mqueue::PollResult::kEmpty) break;
+        if (r == mqueue::PollResult::kCorrupt) {
+          sq.stopped = true;
+          stats.corrupt_entries.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
+        reqs[k] = Request{e.payload, e.length, sq.index, e.token};
+        resps[k] = Response{staging.data() + size_t{k} * max_response, max_response, 0, 0};
+        ++k;
+      }
+      if (k == 0) {
+        if (room < 2 * per_reply - 1) {
+          stats.reply_ring_full.fetch_add(1, std::memory_order_relaxed);
+        }
+        break;
+      }
+      invoke_batch(handler, reqs, resps, k, ctx, stats);
+      for (uint32_t i = 0; i < k; ++i) {
+        std::byte* out = sq.tx.reserve(resps[i].size);  // credits were checked above
+        std::memcpy(out, resps[i].data, resps[i].size);
+        sq.tx.commit(resps[i].size, reqs[i].token, resps[i].flags);
+      }
+      sq.rx.release();
+      total += k;
+      if (sq.stopped) break;
+    }
+    if (total != 0) {
+      sq.tx.publish();
+      sq.rx.publish();
+      stats.requests.fetch_add(total, std::memory_order_relaxed);
+    }
+    return total;
+  }
+
+  static void invoke(H& handler, const Request& req, Response& resp, Context& ctx,
+                     WorkerStats& stats) {
+    try {
+      handler(req, resp, ctx);
+      if (resp.size > resp.capacity) {
+        stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
+        detail::write_error(resp, "handler wrote " + std::to_string(resp.size) +
+                                      " bytes into a " + std::to_string(resp.capacity) +
+                                      "-byte response");
+      }
+    } catch (const std::exception& ex) {
+      stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
+      detail::write_error(resp, std::string("handler failed: ") + ex.what());
+    } catch (...) {
+      stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
+      detail::write_error(resp, "handler failed with a non-standard exception");
+    }
+  }
+
+  static void invoke_batch(H& handler, const Request* reqs, Response* resps, uint32_t n,
+                           Context& ctx, WorkerStats& stats) {
+    try {
+      handler(reqs, resps, n, ctx);
+      for (uint32_t i = 0; i < n; ++i) {
+        if (resps[i].size > resps[i].capacity) {
+          stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
+          detail::write_error(resps[i], "handler wrote " + std::to_string(resps[i].size) +
+                                            " bytes into a " +
+                                            std::to_string(resps[i].capacity) +
+                                            "-byte response");
+        }
+      }
+    } catch (const std::exception& ex) {
+      stats.handler_errors.fetch_add(n, std::memory_order_relaxed);
+      for (uint32_t i = 0; i < n; ++i) {
+        detail::write_error(resps[i], std::string("handler failed: ") + ex.what());
+      }
+    }
+  }
+
+  mqueue::RegionView region_;
+  H handler_;
+  CpuOptions options_;
+  std::vector<std::thread> threads_;
+  std::unique_ptr<WorkerStats[]> stats_;
+  std::atomic<bool> abort_start_{false};
+};
+
+}  // namespace caracal::accel

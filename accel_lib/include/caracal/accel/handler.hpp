@@ -1,0 +1,152 @@
+// The handler shape: what a user writes once and runs on every accelerator backend.
+//
+// A handler is a functor. Its call operator takes a request and writes a response in place:
+//
+//   struct Echo {
+//     CARACAL_HOST_DEVICE void operator()(const Request& req, Response& resp, Context& ctx) {
+//       for (uint32_t i = ctx.group().rank(); i < req.size; i += ctx.group().size())
+//         resp.data[i] = req.data[i];
+//       resp.size = req.size;
+//     }
+//   };
+//
+// Optional declarations on the handler type:
+//  - `static constexpr Granularity kGranularity`: who runs one call together: a thread (the
+//    default), a warp or a block. A call made by a group sees the group in ctx.group() and
+//    splits its work by rank; on the CPU every group is one host thread (size 1).
+//  - `static constexpr uint32_t kBatch`: more than 1 makes it a batched handler, called with up
+//    to kBatch requests of one queue at once:
+//      void operator()(const Request* reqs, Response* resps, uint32_t count, Context& ctx);
+//  - `static constexpr uint32_t kMaxResponseBytes`: the largest response it writes (default:
+//    the region's max_message_bytes). Smaller values reserve less of the TX ring per request.
+//
+// Each worker (CPU thread, or GPU group) holds its own copy of the handler, so a handler may
+// keep per-worker state in members.
+#pragma once
+
+#include <cstdint>
+
+#include "caracal/accel/client.hpp"
+#include "caracal/mqueue/layout.hpp"
+#include "caracal/mqueue/platform.hpp"
+
+namespace caracal::accel {
+
+enum class Granularity : uint8_t { kThread = 0, kWarp = 1, kBlock = 2 };
+
+// One request, in place in its RX ring: valid for the duration of the call.
+struct Request {
+  const std::byte* data = nullptr;
+  uint32_t size = 0;
+  uint32_t queue = 0;  // the server queue it came in on
+  uint64_t token = 0;  // reply address; the runtime copies it to the response
+};
+
+// Where the handler writes its reply, in place in the TX ring (or a staging buffer).
+struct Response {
+  std::byte* data = nullptr;
+  uint32_t capacity = 0;  // bytes the handler may write at data
+  uint32_t size = 0;      // bytes it wrote; set by the handler
+  uint16_t flags = 0;     // mqueue::SlotFlags
+
+  // Nothing goes back to the client for this request.
+  CARACAL_INLINE void no_reply() { flags |= mqueue::kSlotNoReply; }
+  // The response is an error text; the server answers the client with it where the framing
+  // can carry errors and otherwise drops the request, counted.
+  CARACAL_INLINE void set_error(const char* text) {
+    uint32_t n = 0;
+    while (text[n] != '\0' && n < capacity) {
+      data[n] = static_cast<std::byte>(text[n]);
+      ++n;
+    }
+    size = n;
+    flags |= mqueue::kSlotError;
+  }
+};
+
+// The threads that run one handler call together.
+class Group {
+ public:
+  CARACAL_HOST_DEVICE Group() {}
+  CARACAL_HOST_DEVICE Group(Granularity g, uint32_t rank, uint32_t size)
+      : granularity_(g), rank_(rank), size_(size) {}
+  CARACAL_INLINE uint32_t rank() const { return rank_; }
+  CARACAL_INLINE uint32_t size() const { return size_; }
+  CARACAL_INLINE bool leader() const { return rank_ == 0; }
+  CARACAL_INLINE Granularity granularity() const { return granularity_; }
+  // Barrier among the group's threads (a no-op for a single thread).
+  CARACAL_INLINE void sync() const {
+#if defined(__CUDA_ARCH__)
+    if (granularity_ == Granularity::kWarp) __syncwarp();
+    if (granularity_ == Granularity::kBlock) __syncthreads();
+#endif
+  }
+
+ private:
+  Granularity granularity_ = Granularity::kThread;
+  uint32_t rank_ = 0;
+  uint32_t size_ = 1;
+};
+
+// What a handler call can reach besides its request and response.
+class Context {
+ public:
+  CARACAL_HOST_DEVICE Context() {}
+  CARACAL_HOST_DEVICE Context(Group group, ClientChannel* clients, uint32_t client_count,
+                              uint32_t worker)
+      : group_(group), clients_(clients), client_count_(client_count), worker_(worker) {}
+
+  CARACAL_INLINE const Group& group() const { return group_; }
+  // The client queues this worker owns (client queue c belongs to worker c % workers).
+  CARACAL_INLINE uint32_t client_count() const { return client_count_; }
+  CARACAL_INLINE ClientChannel& client(uint32_t i) const { return clients_[i]; }
+  CARACAL_INLINE uint32_t worker() const { return worker_; }
+
+ private:
+  Group group_{};
+  ClientChannel* clients_ = nullptr;
+  uint32_t client_count_ = 0;
+  uint32_t worker_ = 0;
+};
+
+template <class H>
+concept MessageHandler = requires(H& h, const Request& rq, Response& rs, Context& c) {
+  h(rq, rs, c);
+};
+template <class H>
+concept BatchHandler =
+    requires(H& h, const Request* rq, Response* rs, uint32_t n, Context& c) { h(rq, rs, n, c); };
+
+template <class H>
+constexpr Granularity granularity_of() {
+  if constexpr (requires { H::kGranularity; }) {
+    return H::kGranularity;
+  } else {
+    return Granularity::kThread;
+  }
+}
+
+template <class H>
+constexpr uint32_t batch_of() {
+  if constexpr (requires { H::kBatch; }) {
+    static_assert(H::kBatch >= 1, "kBatch must be at least 1");
+    return H::kBatch;
+  } else {
+    return 1;
+  }
+}
+
+// The reply size to reserve for this handler in a region with `max_message_bytes`.
+template <class H>
+constexpr uint32_t max_response_of(uint32_t max_message_bytes) {
+  if constexpr (requires { H::kMaxResponseBytes; }) {
+    return H::kMaxResponseBytes < max_message_bytes ? H::kMaxResponseBytes : max_message_bytes;
+  } else {
+    return max_message_bytes;
+  }
+}
+
+template <class H>
+concept Handler = (batch_of<H>() == 1 && MessageHandler<H>) || (batch_of<H>() > 1 && BatchHandler<H>);
+
+}  // namespace caracal::accel

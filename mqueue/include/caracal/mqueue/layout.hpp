@@ -1,0 +1,181 @@
+// The memory layout of a queue region: the contract between the SmartNIC and an accelerator.
+//
+// A region is one contiguous block in the accelerator's memory (or shared host memory with the
+// `shm` transport), laid out as:
+//
+//   [header page]   RegionHeader: geometry and identity, written once by the agent before the
+//                   region is announced, read-only afterwards.
+//   [control area]  One cache line per control word: the stop word, then four index arrays of
+//                   `queue_count()` lines each (rx_tail, rx_head, tx_head, tx_tail). TX tails are
+//                   contiguous so the SmartNIC fetches every one of them with a single read.
+//   [rings]         For queue q: its RX ring (SmartNIC -> accelerator) and its TX ring
+//                   (accelerator -> SmartNIC), each `ring_capacity` slots of `slot_bytes`, each
+//                   starting on a page.
+//
+// Queues 0..server_queue_count-1 are server queues (RX carries client requests, TX carries
+// replies); the following client_queue_count queues are client queues (TX carries a handler's
+// outgoing requests, RX carries the replies). Both kinds use the same ring protocol (ring.hpp).
+//
+// Everything here is plain data with fixed-width fields: it is included by device code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "caracal/mqueue/platform.hpp"
+
+namespace caracal::mqueue {
+
+inline constexpr uint64_t kRegionMagic = 0x3151'4D4C'4352'4143ULL;  // "CARCLMQ1", little-endian
+inline constexpr uint32_t kLayoutVersion = 1;
+
+// 64 bytes: the coherence unit of the x86 and Arm (BlueField) cores that share these words.
+inline constexpr uint32_t kControlLineBytes = 64;
+inline constexpr uint32_t kPageBytes = 4096;
+
+inline constexpr uint32_t kMinSlotBytes = 64;
+inline constexpr uint32_t kMaxSlotBytes = 64 * 1024;
+inline constexpr uint32_t kMinRingCapacity = 2;
+inline constexpr uint32_t kMaxRingCapacity = 1u << 20;
+inline constexpr uint32_t kMaxQueues = 1024;  // server + client queues of one region
+inline constexpr uint32_t kMaxMessageSlots = 0xFFFF;  // SlotHeader::slots is 16 bits
+
+// The header at the start of the first slot of every ring entry. A message's payload follows
+// it contiguously through as many consecutive slots as it needs; a message never wraps.
+struct SlotHeader {
+  uint32_t length;  // payload bytes (0 for a skip marker)
+  uint16_t flags;   // SlotFlags
+  uint16_t slots;   // slots the entry occupies, this one included (>= 1)
+  uint64_t token;   // server queue: the SmartNIC's reply address, echoed by the handler;
+                    // client queue: chosen by the handler, echoed by the SmartNIC.
+};
+static_assert(sizeof(SlotHeader) == 16);
+static_assert(offsetof(SlotHeader, length) == 0);
+static_assert(offsetof(SlotHeader, flags) == 4);
+static_assert(offsetof(SlotHeader, slots) == 6);
+static_assert(offsetof(SlotHeader, token) == 8);
+inline constexpr uint32_t kSlotHeaderBytes = sizeof(SlotHeader);
+
+enum SlotFlags : uint16_t {
+  kSlotSkip = 1u << 0,     // filler up to the ring's end; the consumer jumps over `slots`
+  kSlotError = 1u << 1,    // the payload is an error text instead of a message
+  kSlotNoReply = 1u << 2,  // (TX of a server queue) the handler sends nothing to the client
+};
+inline constexpr uint16_t kKnownSlotFlags = kSlotSkip | kSlotError | kSlotNoReply;
+
+// Written once by the agent before it announces the region; never modified afterwards.
+struct RegionHeader {
+  uint64_t magic;               // kRegionMagic
+  uint32_t layout_version;      // kLayoutVersion
+  uint32_t header_bytes;        // kPageBytes
+  uint64_t region_bytes;        // whole region, header included
+  uint64_t agent_epoch;         // changes every time an agent (re)creates the region
+  uint32_t server_queue_count;  // >= 1
+  uint32_t client_queue_count;
+  uint32_t slot_bytes;          // power of two in [kMinSlotBytes, kMaxSlotBytes]
+  uint32_t ring_capacity;       // slots per ring; power of two in [kMinRingCapacity, kMax...]
+  uint32_t max_message_bytes;   // largest payload; fits in min(capacity, kMaxMessageSlots) slots
+  uint32_t control_line_bytes;  // kControlLineBytes
+  uint64_t control_offset;      // start of the control area
+  uint64_t control_bytes;       // size of the control area
+  uint64_t rings_offset;        // start of queue 0's RX ring
+  uint64_t ring_stride;         // distance between consecutive rings (>= slot_bytes*capacity)
+};
+static_assert(offsetof(RegionHeader, magic) == 0);
+static_assert(offsetof(RegionHeader, layout_version) == 8);
+static_assert(offsetof(RegionHeader, header_bytes) == 12);
+static_assert(offsetof(RegionHeader, region_bytes) == 16);
+static_assert(offsetof(RegionHeader, agent_epoch) == 24);
+static_assert(offsetof(RegionHeader, server_queue_count) == 32);
+static_assert(offsetof(RegionHeader, client_queue_count) == 36);
+static_assert(offsetof(RegionHeader, slot_bytes) == 40);
+static_assert(offsetof(RegionHeader, ring_capacity) == 44);
+static_assert(offsetof(RegionHeader, max_message_bytes) == 48);
+static_assert(offsetof(RegionHeader, control_line_bytes) == 52);
+static_assert(offsetof(RegionHeader, control_offset) == 56);
+static_assert(offsetof(RegionHeader, control_bytes) == 64);
+static_assert(offsetof(RegionHeader, rings_offset) == 72);
+static_assert(offsetof(RegionHeader, ring_stride) == 80);
+static_assert(sizeof(RegionHeader) == 88);
+static_assert(sizeof(RegionHeader) <= kPageBytes);
+
+// Control words, in the order of their lines in the control area.
+//  - stop: nonzero asks every poller of the region to return. Written by the agent (or the
+//    SmartNIC, on teardown) with a release store; read with relaxed loads every few thousand
+//    spins, since no data is published through it.
+//  - rx_tail[q]: written by the SmartNIC (producer), polled by the accelerator.
+//  - rx_head[q]: written by the accelerator (consumer), read by the SmartNIC for credits.
+//  - tx_head[q]: written by the SmartNIC (consumer), read by the accelerator for credits.
+//  - tx_tail[q]: written by the accelerator (producer), read by the SmartNIC, all at once.
+enum class IndexArray : uint32_t { kRxTail = 0, kRxHead = 1, kTxHead = 2, kTxTail = 3 };
+inline constexpr uint32_t kControlPreambleLines = 1;  // the stop word's line
+
+CARACAL_INLINE constexpr bool is_power_of_two(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+CARACAL_INLINE constexpr uint64_t round_up(uint64_t v, uint64_t to) {
+  return (v + to - 1) / to * to;
+}
+
+// Slots a ring entry with `payload_bytes` of payload occupies.
+CARACAL_INLINE constexpr uint32_t slots_for(uint32_t payload_bytes, uint32_t slot_bytes) {
+  return static_cast<uint32_t>((uint64_t{payload_bytes} + kSlotHeaderBytes + slot_bytes - 1) /
+                               slot_bytes);
+}
+
+// What an agent asks for; `compute_layout` turns it into a RegionHeader.
+struct RegionGeometry {
+  uint32_t server_queue_count = 1;
+  uint32_t client_queue_count = 0;
+  uint32_t slot_bytes = 256;
+  uint32_t ring_capacity = 256;
+  uint32_t max_message_bytes = 256 - kSlotHeaderBytes;
+};
+
+CARACAL_INLINE constexpr uint32_t queue_count(const RegionHeader& h) {
+  return h.server_queue_count + h.client_queue_count;
+}
+
+// The canonical layout for a geometry. Does not validate: see validate.hpp.
+CARACAL_INLINE constexpr RegionHeader compute_layout(const RegionGeometry& g, uint64_t epoch) {
+  RegionHeader h{};
+  h.magic = kRegionMagic;
+  h.layout_version = kLayoutVersion;
+  h.header_bytes = kPageBytes;
+  h.agent_epoch = epoch;
+  h.server_queue_count = g.server_queue_count;
+  h.client_queue_count = g.client_queue_count;
+  h.slot_bytes = g.slot_bytes;
+  h.ring_capacity = g.ring_capacity;
+  h.max_message_bytes = g.max_message_bytes;
+  h.control_line_bytes = kControlLineBytes;
+  h.control_offset = kPageBytes;
+  const uint64_t queues = uint64_t{g.server_queue_count} + g.client_queue_count;
+  h.control_bytes = round_up((kControlPreambleLines + 4 * queues) * kControlLineBytes, kPageBytes);
+  h.rings_offset = h.control_offset + h.control_bytes;
+  h.ring_stride = round_up(uint64_t{g.slot_bytes} * g.ring_capacity, kPageBytes);
+  h.region_bytes = h.rings_offset + 2 * queues * h.ring_stride;
+  return h;
+}
+
+// Byte offsets inside a region, from its (validated) header.
+CARACAL_INLINE constexpr uint64_t stop_word_offset(const RegionHeader& h) {
+  return h.control_offset;
+}
+CARACAL_INLINE constexpr uint64_t index_offset(const RegionHeader& h, IndexArray array,
+                                               uint32_t queue) {
+  return h.control_offset +
+         (kControlPreambleLines + static_cast<uint64_t>(array) * queue_count(h) + queue) *
+             h.control_line_bytes;
+}
+CARACAL_INLINE constexpr uint64_t rx_ring_offset(const RegionHeader& h, uint32_t queue) {
+  return h.rings_offset + (2 * uint64_t{queue}) * h.ring_stride;
+}
+CARACAL_INLINE constexpr uint64_t tx_ring_offset(const RegionHeader& h, uint32_t queue) {
+  return h.rings_offset + (2 * uint64_t{queue} + 1) * h.ring_stride;
+}
+// Queue index of client queue `c`.
+CARACAL_INLINE constexpr uint32_t client_queue_index(const RegionHeader& h, uint32_t c) {
+  return h.server_queue_count + c;
+}
+
+}  // namespace caracal::mqueue

@@ -1,0 +1,66 @@
+// Host/device portability for the parts of the mqueue contract that device code includes.
+//
+// Everything here compiles with a plain C++20 host compiler and inside a CUDA translation unit.
+// Under nvcc the atomics are libcu++'s `cuda::atomic_ref` at system scope (the peer is another
+// processor across PCIe or the network); under a host compiler they are `std::atomic_ref`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#include <cuda/atomic>
+#define CARACAL_HOST_DEVICE __host__ __device__
+#define CARACAL_INLINE __host__ __device__ __forceinline__
+#else
+#include <atomic>
+#define CARACAL_HOST_DEVICE
+#define CARACAL_INLINE inline
+#endif
+
+namespace caracal::mqueue {
+
+#if defined(__CUDACC__)
+// System scope: the other side of every index is a different processor (CPU, NIC or GPU).
+template <class T>
+using SystemAtomicRef = cuda::atomic_ref<T, cuda::thread_scope_system>;
+namespace mo = cuda::std;
+#else
+template <class T>
+using SystemAtomicRef = std::atomic_ref<T>;
+namespace mo = std;
+#endif
+
+// Acquire load of an index word that a peer publishes. Pairs with that peer's store_release.
+CARACAL_INLINE uint32_t load_acquire(uint32_t* word) {
+  return SystemAtomicRef<uint32_t>(*word).load(mo::memory_order_acquire);
+}
+
+// Relaxed load of a word this side owns (or only uses as a hint; no data depends on it).
+CARACAL_INLINE uint32_t load_relaxed(uint32_t* word) {
+  return SystemAtomicRef<uint32_t>(*word).load(mo::memory_order_relaxed);
+}
+
+// Release store of an index word: every write to the slots it covers, made by this thread
+// before the call, is visible to a peer whose load_acquire reads the new value.
+CARACAL_INLINE void store_release(uint32_t* word, uint32_t value) {
+  SystemAtomicRef<uint32_t>(*word).store(value, mo::memory_order_release);
+}
+
+CARACAL_INLINE void store_relaxed(uint32_t* word, uint32_t value) {
+  SystemAtomicRef<uint32_t>(*word).store(value, mo::memory_order_relaxed);
+}
+
+// Short pause inside a spin loop. On the GPU, `__nanosleep` keeps an idle poller off the
+// memory system; on the host, the CPU's pause hint.
+CARACAL_INLINE void spin_pause([[maybe_unused]] uint32_t ns_hint = 0) {
+#if defined(__CUDA_ARCH__)
+  if (ns_hint != 0) __nanosleep(ns_hint);
+#elif defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace caracal::mqueue

@@ -1,0 +1,281 @@
+// The ring protocol, for the side that holds a ring in its own memory (the accelerator).
+//
+// A ring is `capacity` slots of `slot_bytes` plus two free-running 32-bit indexes, counted in
+// slots and masked on use: the producer owns `tail`, the consumer owns `head`; the ring is full
+// when `tail - head == capacity`, so every slot is usable. An entry starts with a SlotHeader and
+// occupies `slots` consecutive slots; an entry never wraps: when it does not fit before the end,
+// the producer fills the rest with a skip marker and starts again at slot 0.
+//
+// Each side keeps a shadow of the other's index and re-reads it only when it must: the producer
+// when its credits (free slots by the shadow head) run out, the consumer when it has read every
+// entry up to its shadow tail. Each side publishes its own index once per burst.
+//
+// Ordering (every release names the acquire it pairs with):
+//  - RingProducer::publish stores `tail` with release after the entries' payloads and headers;
+//    pairs with the load_acquire of `tail` in RingConsumer::refresh_tail.
+//  - RingConsumer::publish stores `head` with release after the consumer's last read of the
+//    released entries; pairs with the load_acquire of `head` in RingProducer::refresh_credits,
+//    so the producer never overwrites a slot that is still being read.
+//
+// The SmartNIC-side counterparts, which reach a ring through a transport, are in remote_ring.hpp.
+// These classes are not thread-safe: one thread (or one elected lane) owns each side of a ring.
+#pragma once
+
+#include <cstdint>
+
+#include "caracal/mqueue/layout.hpp"
+#include "caracal/mqueue/platform.hpp"
+
+namespace caracal::mqueue {
+
+struct RingGeometry {
+  uint32_t slot_bytes = 0;
+  uint32_t capacity = 0;
+  uint32_t max_message_bytes = 0;
+};
+
+CARACAL_INLINE constexpr RingGeometry ring_geometry(const RegionHeader& h) {
+  return RingGeometry{h.slot_bytes, h.ring_capacity, h.max_message_bytes};
+}
+
+// Free-running index arithmetic. Unsigned wrap-around makes every difference exact as long as
+// the distance between the indexes never exceeds 2^32 - 1 slots, which capacity bounds.
+CARACAL_INLINE constexpr uint32_t used_slots(uint32_t tail, uint32_t head) { return tail - head; }
+CARACAL_INLINE constexpr uint32_t free_slots(uint32_t tail, uint32_t head, uint32_t capacity) {
+  return capacity - (tail - head);
+}
+
+// Where an entry of `slots` slots goes when the producer's tail is `tail`: `skip` filler slots
+// first (0 when it fits before the ring's end), then the entry at ring position `position`.
+struct Placement {
+  uint32_t skip;
+  uint32_t position;
+  CARACAL_INLINE constexpr uint32_t total(uint32_t slots) const { return skip + slots; }
+};
+
+CARACAL_INLINE constexpr Placement place_entry(uint32_t tail, uint32_t slots, uint32_t capacity) {
+  const uint32_t position = tail & (capacity - 1);
+  if (position + slots > capacity) return Placement{capacity - position, 0};
+  return Placement{0, position};
+}
+
+enum class EntryCheck : uint8_t {
+  kOk = 0,
+  kZeroSlots,       // header says the entry occupies no slot
+  kPastRingEnd,     // the entry would run past the ring's end (entries never wrap)
+  kPastTail,        // the entry claims slots the producer has not published
+  kLengthMismatch,  // `slots` does not match `length`
+  kTooLong,         // longer than the ring's max_message_bytes
+  kUnknownFlags,    // flags outside kKnownSlotFlags
+};
+
+CARACAL_INLINE constexpr const char* entry_check_name(EntryCheck c) {
+  switch (c) {
+    case EntryCheck::kOk: return "ok";
+    case EntryCheck::kZeroSlots: return "entry occupies zero slots";
+    case EntryCheck::kPastRingEnd: return "entry runs past the end of the ring";
+    case EntryCheck::kPastTail: return "entry runs past the published tail";
+    case EntryCheck::kLengthMismatch: return "slot count does not match length";
+    case EntryCheck::kTooLong: return "length exceeds max_message_bytes";
+    case EntryCheck::kUnknownFlags: return "unknown flags";
+  }
+  return "?";
+}
+
+// Checks an entry header read at ring position `position` with `available` published slots
+// from there on. A consumer never trusts a peer's header further than this.
+CARACAL_INLINE constexpr EntryCheck check_entry(const SlotHeader& e, uint32_t position,
+                                                uint32_t available, const RingGeometry& g) {
+  if ((e.flags & ~kKnownSlotFlags) != 0) return EntryCheck::kUnknownFlags;
+  if (e.slots == 0) return EntryCheck::kZeroSlots;
+  if (uint64_t{position} + e.slots > g.capacity) return EntryCheck::kPastRingEnd;
+  if (e.slots > available) return EntryCheck::kPastTail;
+  if ((e.flags & kSlotSkip) != 0) return EntryCheck::kOk;
+  if (e.length > g.max_message_bytes) return EntryCheck::kTooLong;
+  if (e.slots != slots_for(e.length, g.slot_bytes)) return EntryCheck::kLengthMismatch;
+  return EntryCheck::kOk;
+}
+
+// A message as the consumer sees it, in place in the ring. Valid until the consumer publishes
+// a head past it.
+struct Entry {
+  const std::byte* payload = nullptr;
+  uint32_t length = 0;
+  uint16_t flags = 0;
+  uint64_t token = 0;
+};
+
+// The producing side of a ring in local memory (the accelerator's TX rings).
+class RingProducer {
+ public:
+  CARACAL_HOST_DEVICE RingProducer() {}
+  CARACAL_HOST_DEVICE RingProducer(std::byte* slots, const RingGeometry& g, uint32_t* tail_word,
+                                   uint32_t* head_word)
+      : slots_(slots), geometry_(g), tail_word_(tail_word), head_word_(head_word) {
+    // The producer owns tail: a relaxed read recovers it (the region starts zeroed).
+    tail_ = load_relaxed(tail_word_);
+    published_tail_ = tail_;
+    head_shadow_ = load_acquire(head_word_);  // pairs with RingConsumer::publish
+  }
+
+  // Reserves room for an entry of up to `max_payload` bytes and returns where its payload
+  // goes, or nullptr when the ring has no room even after re-reading the consumer's head (the
+  // caller backs off and retries) or the entry could never fit. A later reserve() abandons an
+  // uncommitted reservation.
+  CARACAL_INLINE std::byte* reserve(uint32_t max_payload) {
+    if (max_payload > geometry_.max_message_bytes) return nullptr;
+    const uint32_t slots = slots_for(max_payload, geometry_.slot_bytes);
+    Placement p = place_entry(tail_, slots, geometry_.capacity);
+    if (free_slots(tail_, head_shadow_, geometry_.capacity) < p.total(slots)) {
+      refresh_credits();
+      if (free_slots(tail_, head_shadow_, geometry_.capacity) < p.total(slots)) return nullptr;
+    }
+    if (p.skip != 0) {
+      write_header(tail_ & (geometry_.capacity - 1), 0, kSlotSkip, p.skip, 0);
+      tail_ += p.skip;
+    }
+    reserved_position_ = p.position;
+    reserved_slots_ = slots;
+    return slot(p.position) + kSlotHeaderBytes;
+  }
+
+  // Completes the last reservation with the actual payload length. Refuses (false, nothing
+  // written) when there is no reservation or `length` needs more slots than were reserved.
+  // Not visible to the consumer until publish().
+  CARACAL_INLINE bool commit(uint32_t length, uint64_t token, uint16_t flags = 0) {
+    const uint32_t slots = slots_for(length, geometry_.slot_bytes);
+    if (reserved_slots_ == 0 || slots > reserved_slots_) return false;
+    write_header(reserved_position_, length, flags, slots, token);
+    tail_ += slots;
+    reserved_slots_ = 0;
+    return true;
+  }
+
+  // Makes every committed entry visible: one release store per burst.
+  CARACAL_INLINE void publish() {
+    if (tail_ != published_tail_) {
+      store_release(tail_word_, tail_);  // pairs with RingConsumer::refresh_tail
+      published_tail_ = tail_;
+    }
+  }
+
+  // Re-reads the consumer's head (acquire: its reads of released slots are complete).
+  CARACAL_INLINE void refresh_credits() { head_shadow_ = load_acquire(head_word_); }
+
+  CARACAL_INLINE uint32_t credits() const {
+    return free_slots(tail_, head_shadow_, geometry_.capacity);
+  }
+  CARACAL_INLINE uint32_t tail() const { return tail_; }
+  CARACAL_INLINE bool has_unpublished() const { return tail_ != published_tail_; }
+  CARACAL_INLINE const RingGeometry& geometry() const { return geometry_; }
+
+ private:
+  CARACAL_INLINE std::byte* slot(uint32_t position) const {
+    return slots_ + static_cast<uint64_t>(position) * geometry_.slot_bytes;
+  }
+  CARACAL_INLINE void write_header(uint32_t position, uint32_t length, uint16_t flags,
+                                   uint32_t slots, uint64_t token) {
+    SlotHeader* h = reinterpret_cast<SlotHeader*>(slot(position));
+    h->length = length;
+    h->flags = flags;
+    h->slots = static_cast<uint16_t>(slots);
+    h->token = token;
+  }
+
+  std::byte* slots_ = nullptr;
+  RingGeometry geometry_{};
+  uint32_t* tail_word_ = nullptr;
+  uint32_t* head_word_ = nullptr;
+  uint32_t tail_ = 0;
+  uint32_t published_tail_ = 0;
+  uint32_t head_shadow_ = 0;
+  uint32_t reserved_position_ = 0;
+  uint32_t reserved_slots_ = 0;
+};
+
+enum class PollResult : uint8_t { kEmpty, kReady, kCorrupt };
+
+// The consuming side of a ring in local memory (the accelerator's RX rings).
+class RingConsumer {
+ public:
+  CARACAL_HOST_DEVICE RingConsumer() {}
+  CARACAL_HOST_DEVICE RingConsumer(std::byte* slots, const RingGeometry& g, uint32_t* tail_word,
+                                   uint32_t* head_word)
+      : slots_(slots), geometry_(g), tail_word_(tail_word), head_word_(head_word) {
+    head_ = load_relaxed(head_word_);  // the consumer owns head
+    read_ = head_;
+    last_start_ = head_;
+    published_head_ = head_;
+    tail_shadow_ = load_acquire(tail_word_);  // pairs with RingProducer::publish
+  }
+
+  // The next unread entry, skipping fillers. kEmpty when nothing is published past what was
+  // read; kCorrupt when the producer wrote an entry that fails check_entry (`last_check()`
+  // says how; the ring stays stopped at that entry).
+  CARACAL_INLINE PollResult next(Entry& out) {
+    for (;;) {
+      if (read_ == tail_shadow_) {
+        refresh_tail();
+        if (read_ == tail_shadow_) return PollResult::kEmpty;
+      }
+      const uint32_t position = read_ & (geometry_.capacity - 1);
+      const SlotHeader& h = *reinterpret_cast<const SlotHeader*>(slot(position));
+      const SlotHeader copy{h.length, h.flags, h.slots, h.token};
+      last_check_ = check_entry(copy, position, tail_shadow_ - read_, geometry_);
+      if (last_check_ != EntryCheck::kOk) return PollResult::kCorrupt;
+      last_start_ = read_;
+      read_ += copy.slots;
+      if ((copy.flags & kSlotSkip) != 0) continue;
+      out.payload = slot(position) + kSlotHeaderBytes;
+      out.length = copy.length;
+      out.flags = copy.flags;
+      out.token = copy.token;
+      return PollResult::kReady;
+    }
+  }
+
+  // Puts back the entry the last next() returned, so the next call returns it again (for a
+  // consumer that finds it cannot take the entry now, say because its reply ring is full).
+  CARACAL_INLINE void unread() { read_ = last_start_; }
+
+  // Gives back every entry read so far (locally; publish() tells the producer).
+  CARACAL_INLINE void release() {
+    head_ = read_;
+    last_start_ = read_;
+  }
+
+  // One release store per burst. The caller must be done reading the released entries.
+  CARACAL_INLINE void publish() {
+    if (head_ != published_head_) {
+      store_release(head_word_, head_);  // pairs with RingProducer::refresh_credits
+      published_head_ = head_;
+    }
+  }
+
+  // Re-reads the producer's tail (acquire: the entries up to it are fully written).
+  CARACAL_INLINE void refresh_tail() { tail_shadow_ = load_acquire(tail_word_); }
+
+  CARACAL_INLINE uint32_t pending_slots() const { return tail_shadow_ - read_; }
+  CARACAL_INLINE EntryCheck last_check() const { return last_check_; }
+  CARACAL_INLINE uint32_t head() const { return head_; }
+  CARACAL_INLINE uint32_t read_position() const { return read_; }
+  CARACAL_INLINE const RingGeometry& geometry() const { return geometry_; }
+
+ private:
+  CARACAL_INLINE const std::byte* slot(uint32_t position) const {
+    return slots_ + static_cast<uint64_t>(position) * geometry_.slot_bytes;
+  }
+
+  std::byte* slots_ = nullptr;
+  RingGeometry geometry_{};
+  uint32_t* tail_word_ = nullptr;
+  uint32_t* head_word_ = nullptr;
+  uint32_t head_ = 0;
+  uint32_t read_ = 0;
+  uint32_t published_head_ = 0;
+  uint32_t tail_shadow_ = 0;
+  uint32_t last_start_ = 0;
+  EntryCheck last_check_ = EntryCheck::kOk;
+};
+
+}  // namespace caracal::mqueue

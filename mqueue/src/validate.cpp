@@ -1,0 +1,122 @@
+#include "caracal/mqueue/validate.hpp"
+
+#include <string>
+
+namespace caracal::mqueue {
+namespace {
+
+Status bad_field(const char* field, uint64_t value, const std::string& expected) {
+  return invalid_argument("region field '" + std::string(field) + "' = " + std::to_string(value) +
+                          ": " + expected);
+}
+
+std::string hex(uint64_t v) {
+  static const char* digits = "0123456789abcdef";
+  std::string s = "0x";
+  for (int shift = 60; shift >= 0; shift -= 4) s += digits[(v >> shift) & 0xF];
+  return s;
+}
+
+Status check_geometry(const char* slot_field, uint32_t slot_bytes, const char* capacity_field,
+                      uint32_t capacity, uint32_t server_queues, uint32_t client_queues,
+                      uint32_t max_message_bytes) {
+  if (!is_power_of_two(slot_bytes) || slot_bytes < kMinSlotBytes || slot_bytes > kMaxSlotBytes) {
+    return bad_field(slot_field, slot_bytes,
+                     "must be a power of two between " + std::to_string(kMinSlotBytes) + " and " +
+                         std::to_string(kMaxSlotBytes));
+  }
+  if (!is_power_of_two(capacity) || capacity < kMinRingCapacity || capacity > kMaxRingCapacity) {
+    return bad_field(capacity_field, capacity,
+                     "must be a power of two between " + std::to_string(kMinRingCapacity) +
+                         " and " + std::to_string(kMaxRingCapacity));
+  }
+  if (server_queues == 0) {
+    return bad_field("server_queue_count", server_queues, "must be at least 1");
+  }
+  if (uint64_t{server_queues} + client_queues > kMaxQueues) {
+    return bad_field("client_queue_count", client_queues,
+                     "server and client queues together exceed " + std::to_string(kMaxQueues) +
+                         " (server_queue_count is " + std::to_string(server_queues) + ")");
+  }
+  const uint32_t max_slots = capacity < kMaxMessageSlots ? capacity : kMaxMessageSlots;
+  const uint64_t limit = uint64_t{max_slots} * slot_bytes - kSlotHeaderBytes;
+  if (max_message_bytes == 0 || max_message_bytes > limit) {
+    return bad_field("max_message_bytes", max_message_bytes,
+                     "must be between 1 and " + std::to_string(limit) + " (" +
+                         std::to_string(max_slots) + " slots of " + std::to_string(slot_bytes) +
+                         " bytes, less the " + std::to_string(kSlotHeaderBytes) +
+                         "-byte slot header)");
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Status validate_geometry(const RegionGeometry& g) {
+  return check_geometry("slot_bytes", g.slot_bytes, "ring_capacity", g.ring_capacity,
+                        g.server_queue_count, g.client_queue_count, g.max_message_bytes);
+}
+
+Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
+  if (h.magic != kRegionMagic) {
+    return invalid_argument("region field 'magic' = " + hex(h.magic) + ": expected " +
+                            hex(kRegionMagic) + " (not a Caracal queue region)");
+  }
+  if (h.layout_version != kLayoutVersion) {
+    return bad_field("layout_version", h.layout_version,
+                     "this build speaks layout version " + std::to_string(kLayoutVersion));
+  }
+  if (h.header_bytes != kPageBytes) {
+    return bad_field("header_bytes", h.header_bytes, "must be " + std::to_string(kPageBytes));
+  }
+  if (h.control_line_bytes != kControlLineBytes) {
+    return bad_field("control_line_bytes", h.control_line_bytes,
+                     "must be " + std::to_string(kControlLineBytes));
+  }
+  if (Status s = check_geometry("slot_bytes", h.slot_bytes, "ring_capacity", h.ring_capacity,
+                                h.server_queue_count, h.client_queue_count, h.max_message_bytes);
+      !s.ok()) {
+    return s;
+  }
+  if (h.region_bytes > mapped_bytes) {
+    return bad_field("region_bytes", h.region_bytes,
+                     "larger than the " + std::to_string(mapped_bytes) + " bytes mapped");
+  }
+  const uint64_t queues = queue_count(h);
+  if (h.control_offset < h.header_bytes || h.control_offset % kPageBytes != 0) {
+    return bad_field("control_offset", h.control_offset,
+                     "must be page-aligned and after the header");
+  }
+  const uint64_t control_needed = (kControlPreambleLines + 4 * queues) * kControlLineBytes;
+  if (h.control_bytes < control_needed) {
+    return bad_field("control_bytes", h.control_bytes,
+                     "too small for " + std::to_string(queues) + " queues (needs " +
+                         std::to_string(control_needed) + ")");
+  }
+  if (h.control_offset + h.control_bytes > h.region_bytes) {
+    return bad_field("control_bytes", h.control_bytes,
+                     "control area ends past region_bytes " + std::to_string(h.region_bytes));
+  }
+  if (h.rings_offset % kPageBytes != 0 || h.rings_offset < h.control_offset + h.control_bytes) {
+    return bad_field("rings_offset", h.rings_offset,
+                     "must be page-aligned and after the control area (which ends at " +
+                         std::to_string(h.control_offset + h.control_bytes) + ")");
+  }
+  const uint64_t ring_bytes = uint64_t{h.slot_bytes} * h.ring_capacity;
+  if (h.ring_stride < ring_bytes || h.ring_stride % kPageBytes != 0) {
+    return bad_field("ring_stride", h.ring_stride,
+                     "must be page-aligned and at least slot_bytes * ring_capacity = " +
+                         std::to_string(ring_bytes));
+  }
+  // rings_offset <= region_bytes here; divide instead of multiplying to rule out overflow.
+  if (h.rings_offset > h.region_bytes ||
+      (h.region_bytes - h.rings_offset) / h.ring_stride < 2 * queues) {
+    return bad_field("region_bytes", h.region_bytes,
+                     "too small for " + std::to_string(2 * queues) + " rings of " +
+                         std::to_string(h.ring_stride) + " bytes from offset " +
+                         std::to_string(h.rings_offset));
+  }
+  return Status::ok_status();
+}
+
+}  // namespace caracal::mqueue

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds and runs the tests.
+#
+#   scripts/test.sh                        # everything, normal build in build/
+#   scripts/test.sh --sanitize thread      # TSan build in build-thread/
+#   scripts/test.sh --sanitize address     # ASan+UBSan build in build-address/
+#   scripts/test.sh -L 'mqueue|accel'      # only these CTest labels
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sanitize=""
+labels=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) sanitize="$2"; shift 2 ;;
+    -L) labels="$2"; shift 2 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+scripts/deps.sh
+
+jobs=$(nproc)
+cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+if [ -n "$sanitize" ]; then
+  build="build-$sanitize"
+  # Sanitizer builds cover host code; the CUDA object and the benchmarks add nothing there.
+  cmake_args+=(-DCARACAL_SANITIZE="$sanitize" -DCARACAL_WITH_CUDA=OFF -DCARACAL_BUILD_BENCH=OFF)
+else
+  build="build"
+fi
+
+cmake -S . -B "$build" "${cmake_args[@]}"
+cmake --build "$build" -j "$jobs"
+
+ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs" --timeout 600)
+if [ -n "$labels" ]; then
+  ctest_args+=(-L "$labels")
+fi
+ctest "${ctest_args[@]}"

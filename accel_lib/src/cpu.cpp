@@ -24,8 +24,8 @@ Status pin_current_thread(uint32_t worker, int cpu) {
 }
 
 void write_error(Response& resp, const std::string& text) {
-  const uint32_t n = static_cast<uint32_t>(text.size() < resp.capacity ? text.size()
-                                                                       : resp.capacity);
+  const uint32_t n =
+      static_cast<uint32_t>(text.size() < resp.capacity ? text.size() : resp.capacity);
   std::memcpy(resp.data, text.data(), n);
   resp.size = n;
   resp.flags = static_cast<uint16_t>(resp.flags | mqueue::kSlotError);

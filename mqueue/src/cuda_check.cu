@@ -24,7 +24,8 @@ __global__ void mqueue_device_echo_check(std::byte* region, uint32_t queue) {
     }
     std::byte* out = tx.reserve(e.length);
     if (out == nullptr) break;
-    for (uint32_t i = 0; i < e.length; ++i) out[i] = e.payload[i];
+    for (uint32_t i = 0; i < e.length; ++i)
+      out[i] = e.payload[i];
     tx.commit(e.length, e.token, e.flags);
     rx.release();
     tx.publish();

@@ -20,7 +20,9 @@ Status io_error(const std::string& what, int err) {
 
 }  // namespace
 
-ShmMapping::ShmMapping(ShmMapping&& other) noexcept { *this = std::move(other); }
+ShmMapping::ShmMapping(ShmMapping&& other) noexcept {
+  *this = std::move(other);
+}
 
 ShmMapping& ShmMapping::operator=(ShmMapping&& other) noexcept {
   if (this != &other) {
@@ -34,7 +36,9 @@ ShmMapping& ShmMapping::operator=(ShmMapping&& other) noexcept {
   return *this;
 }
 
-ShmMapping::~ShmMapping() { reset(); }
+ShmMapping::~ShmMapping() {
+  reset();
+}
 
 void ShmMapping::reset() {
   if (data_ != nullptr) munmap(data_, size_);
@@ -105,8 +109,8 @@ Result<ShmMapping> map_whole(ShmMapping&& m, int fd, const std::string& what) {
     close(fd);
     return Status(StatusCode::kInvalidArgument, what + " is empty");
   }
-  void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED,
-                 fd, 0);
+  void* p =
+      mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     close(fd);

@@ -13,7 +13,8 @@ Status bad_field(const char* field, uint64_t value, const std::string& expected)
 std::string hex(uint64_t v) {
   static const char* digits = "0123456789abcdef";
   std::string s = "0x";
-  for (int shift = 60; shift >= 0; shift -= 4) s += digits[(v >> shift) & 0xF];
+  for (int shift = 60; shift >= 0; shift -= 4)
+    s += digits[(v >> shift) & 0xF];
   return s;
 }
 

@@ -19,12 +19,12 @@ namespace caracal::accel {
 
 enum class CallStatus : uint8_t {
   kOk = 0,
-  kTooLarge,        // the request exceeds the region's max_message_bytes
-  kStopped,         // the region's stop word was raised while waiting
-  kCorrupt,         // the reply ring holds an entry that fails validation
-  kTokenMismatch,   // a reply for another token arrived (call() mixed with send())
-  kReplyTooLarge,   // the reply did not fit the caller's buffer (truncated copy)
-  kRemoteError,     // the SmartNIC answered with an error (destination down, timeout, ...)
+  kTooLarge,       // the request exceeds the region's max_message_bytes
+  kStopped,        // the region's stop word was raised while waiting
+  kCorrupt,        // the reply ring holds an entry that fails validation
+  kTokenMismatch,  // a reply for another token arrived (call() mixed with send())
+  kReplyTooLarge,  // the reply did not fit the caller's buffer (truncated copy)
+  kRemoteError,    // the SmartNIC answered with an error (destination down, timeout, ...)
 };
 
 struct CallResult {
@@ -50,7 +50,8 @@ class ClientChannel {
     std::byte* dst = requests_.reserve(length);
     if (dst == nullptr) return false;
     const std::byte* src = static_cast<const std::byte*>(data);
-    for (uint32_t i = 0; i < length; ++i) dst[i] = src[i];
+    for (uint32_t i = 0; i < length; ++i)
+      dst[i] = src[i];
     return requests_.commit(length, token, 0);
   }
   // Zero-copy form of send(): reserve, write, commit.
@@ -71,8 +72,8 @@ class ClientChannel {
 
   // Sends `request` and waits for the reply with `token`, copying up to `out_capacity` bytes
   // of it to `out`. Returns when the reply is in, or the stop word is raised.
-  CARACAL_INLINE CallResult call(uint64_t token, const void* request, uint32_t length,
-                                 void* out, uint32_t out_capacity) {
+  CARACAL_INLINE CallResult call(uint64_t token, const void* request, uint32_t length, void* out,
+                                 uint32_t out_capacity) {
     if (length > requests_.geometry().max_message_bytes) return {CallStatus::kTooLarge, 0};
     uint32_t spins = 0;
     while (!send(token, request, length)) {
@@ -91,7 +92,8 @@ class ClientChannel {
     CallResult result{CallStatus::kOk, reply.length};
     const uint32_t n = reply.length < out_capacity ? reply.length : out_capacity;
     std::byte* dst = static_cast<std::byte*>(out);
-    for (uint32_t i = 0; i < n; ++i) dst[i] = reply.payload[i];
+    for (uint32_t i = 0; i < n; ++i)
+      dst[i] = reply.payload[i];
     if (reply.token != token) {
       result.status = CallStatus::kTokenMismatch;
     } else if ((reply.flags & mqueue::kSlotError) != 0) {

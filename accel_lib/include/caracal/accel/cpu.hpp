@@ -38,9 +38,9 @@ struct CpuOptions {
 // Counters a worker keeps (relaxed: read for reporting only).
 struct WorkerStats {
   std::atomic<uint64_t> requests{0};
-  std::atomic<uint64_t> handler_errors{0};  // handler threw or overran its response buffer
-  std::atomic<uint64_t> reply_ring_full{0}; // times a burst stopped on a full TX ring
-  std::atomic<uint64_t> corrupt_entries{0}; // RX entries that failed validation (ring stopped)
+  std::atomic<uint64_t> handler_errors{0};   // handler threw or overran its response buffer
+  std::atomic<uint64_t> reply_ring_full{0};  // times a burst stopped on a full TX ring
+  std::atomic<uint64_t> corrupt_entries{0};  // RX entries that failed validation (ring stopped)
 };
 
 namespace detail {
@@ -79,12 +79,14 @@ class CpuAccelerator {
           pin_status[w] = detail::pin_current_thread(w, options_.cpus[w % options_.cpus.size()]);
         }
         started.fetch_add(1, std::memory_order_acq_rel);
-        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        while (!go.load(std::memory_order_acquire))
+          std::this_thread::yield();
         if (abort_start_.load(std::memory_order_acquire)) return;
         run_worker(w);
       });
     }
-    while (started.load(std::memory_order_acquire) < options_.workers) std::this_thread::yield();
+    while (started.load(std::memory_order_acquire) < options_.workers)
+      std::this_thread::yield();
     Status failed;
     for (const Status& s : pin_status) {
       if (!s.ok()) failed = s;
@@ -272,9 +274,8 @@ class CpuAccelerator {
       handler(req, resp, ctx);
       if (resp.size > resp.capacity) {
         stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
-        detail::write_error(resp, "handler wrote " + std::to_string(resp.size) +
-                                      " bytes into a " + std::to_string(resp.capacity) +
-                                      "-byte response");
+        detail::write_error(resp, "handler wrote " + std::to_string(resp.size) + " bytes into a " +
+                                      std::to_string(resp.capacity) + "-byte response");
       }
     } catch (const std::exception& ex) {
       stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
@@ -293,8 +294,7 @@ class CpuAccelerator {
         if (resps[i].size > resps[i].capacity) {
           stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
           detail::write_error(resps[i], "handler wrote " + std::to_string(resps[i].size) +
-                                            " bytes into a " +
-                                            std::to_string(resps[i].capacity) +
+                                            " bytes into a " + std::to_string(resps[i].capacity) +
                                             "-byte response");
         }
       }

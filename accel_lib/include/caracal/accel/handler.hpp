@@ -114,8 +114,9 @@ concept MessageHandler = requires(H& h, const Request& rq, Response& rs, Context
   h(rq, rs, c);
 };
 template <class H>
-concept BatchHandler =
-    requires(H& h, const Request* rq, Response* rs, uint32_t n, Context& c) { h(rq, rs, n, c); };
+concept BatchHandler = requires(H& h, const Request* rq, Response* rs, uint32_t n, Context& c) {
+  h(rq, rs, n, c);
+};
 
 template <class H>
 constexpr Granularity granularity_of() {
@@ -147,6 +148,7 @@ constexpr uint32_t max_response_of(uint32_t max_message_bytes) {
 }
 
 template <class H>
-concept Handler = (batch_of<H>() == 1 && MessageHandler<H>) || (batch_of<H>() > 1 && BatchHandler<H>);
+concept Handler = (batch_of<H>() == 1 && MessageHandler<H>) ||
+                  (batch_of<H>() > 1 && BatchHandler<H>);
 
 }  // namespace caracal::accel

@@ -37,7 +37,7 @@ inline constexpr uint32_t kMinSlotBytes = 64;
 inline constexpr uint32_t kMaxSlotBytes = 64 * 1024;
 inline constexpr uint32_t kMinRingCapacity = 2;
 inline constexpr uint32_t kMaxRingCapacity = 1u << 20;
-inline constexpr uint32_t kMaxQueues = 1024;  // server + client queues of one region
+inline constexpr uint32_t kMaxQueues = 1024;          // server + client queues of one region
 inline constexpr uint32_t kMaxMessageSlots = 0xFFFF;  // SlotHeader::slots is 16 bits
 
 // The header at the start of the first slot of every ring entry. A message's payload follows
@@ -110,7 +110,9 @@ static_assert(sizeof(RegionHeader) <= kPageBytes);
 enum class IndexArray : uint32_t { kRxTail = 0, kRxHead = 1, kTxHead = 2, kTxTail = 3 };
 inline constexpr uint32_t kControlPreambleLines = 1;  // the stop word's line
 
-CARACAL_INLINE constexpr bool is_power_of_two(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+CARACAL_INLINE constexpr bool is_power_of_two(uint64_t v) {
+  return v != 0 && (v & (v - 1)) == 0;
+}
 
 CARACAL_INLINE constexpr uint64_t round_up(uint64_t v, uint64_t to) {
   return (v + to - 1) / to * to;

@@ -38,10 +38,10 @@ class RemoteRegion {
     std::memcpy(&r.header_, transport->staging(0), sizeof(RegionHeader));
     if (Status s = validate_region(r.header_, transport->region_bytes()); !s.ok()) return s;
     const RegionHeader& h = r.header_;
-    if (Status s = wait_for(*transport,
-                            transport->post_read(h.control_offset,
-                                                 static_cast<uint32_t>(h.control_bytes)),
-                            timeout);
+    if (Status s =
+            wait_for(*transport,
+                     transport->post_read(h.control_offset, static_cast<uint32_t>(h.control_bytes)),
+                     timeout);
         !s.ok()) {
       return s;
     }

@@ -40,7 +40,9 @@ CARACAL_INLINE constexpr RingGeometry ring_geometry(const RegionHeader& h) {
 
 // Free-running index arithmetic. Unsigned wrap-around makes every difference exact as long as
 // the distance between the indexes never exceeds 2^32 - 1 slots, which capacity bounds.
-CARACAL_INLINE constexpr uint32_t used_slots(uint32_t tail, uint32_t head) { return tail - head; }
+CARACAL_INLINE constexpr uint32_t used_slots(uint32_t tail, uint32_t head) {
+  return tail - head;
+}
 CARACAL_INLINE constexpr uint32_t free_slots(uint32_t tail, uint32_t head, uint32_t capacity) {
   return capacity - (tail - head);
 }
@@ -71,13 +73,20 @@ enum class EntryCheck : uint8_t {
 
 CARACAL_INLINE constexpr const char* entry_check_name(EntryCheck c) {
   switch (c) {
-    case EntryCheck::kOk: return "ok";
-    case EntryCheck::kZeroSlots: return "entry occupies zero slots";
-    case EntryCheck::kPastRingEnd: return "entry runs past the end of the ring";
-    case EntryCheck::kPastTail: return "entry runs past the published tail";
-    case EntryCheck::kLengthMismatch: return "slot count does not match length";
-    case EntryCheck::kTooLong: return "length exceeds max_message_bytes";
-    case EntryCheck::kUnknownFlags: return "unknown flags";
+    case EntryCheck::kOk:
+      return "ok";
+    case EntryCheck::kZeroSlots:
+      return "entry occupies zero slots";
+    case EntryCheck::kPastRingEnd:
+      return "entry runs past the end of the ring";
+    case EntryCheck::kPastTail:
+      return "entry runs past the published tail";
+    case EntryCheck::kLengthMismatch:
+      return "slot count does not match length";
+    case EntryCheck::kTooLong:
+      return "length exceeds max_message_bytes";
+    case EntryCheck::kUnknownFlags:
+      return "unknown flags";
   }
   return "?";
 }

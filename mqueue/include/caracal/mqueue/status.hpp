@@ -40,7 +40,7 @@ inline Status invalid_argument(std::string message) {
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit, like expected<T>
+  Result(T value) : value_(std::move(value)) {}          // NOLINT: implicit, like expected<T>
   Result(Status status) : status_(std::move(status)) {}  // NOLINT
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }

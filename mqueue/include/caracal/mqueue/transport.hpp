@@ -45,13 +45,13 @@ Status wait_for(T& t, uint64_t ticket, std::chrono::nanoseconds timeout) {
   while (t.completed() < ticket) {
     if (Status s = t.progress(); !s.ok()) return s;
     if (++spins % 1024 == 0 && std::chrono::steady_clock::now() > deadline) {
-      return Status(StatusCode::kUnavailable,
-                    std::string(t.name()) + " transport: operation " + std::to_string(ticket) +
-                        " did not complete in " +
-                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           timeout)
-                                           .count()) +
-                        " ms");
+      return Status(
+          StatusCode::kUnavailable,
+          std::string(t.name()) + " transport: operation " + std::to_string(ticket) +
+              " did not complete in " +
+              std::to_string(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+              " ms");
     }
   }
   return Status::ok_status();

@@ -46,7 +46,7 @@ class RemoteRegion {
       return s;
     }
     const RingGeometry g = ring_geometry(h);
-    const uint32_t queues = queue_count(h);
+    const uint32_t queues = mqueue::queue_count(h);
     r.rx_.reserve(queues);
     r.tx_.reserve(queues);
     for (uint32_t q = 0; q < queues; ++q) {

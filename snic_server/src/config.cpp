@@ -1,0 +1,218 @@
+#include "caracal/server/config.hpp"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "caracal/mqueue/layout.hpp"
+
+namespace caracal::server {
+namespace {
+
+using config::Field;
+
+std::string read_secret_file(const Field& f) {
+  const std::string path = f.as_string();
+  std::ifstream in(path);
+  if (!in) f.fail("cannot read secret file '" + path + "'");
+  std::ostringstream s;
+  s << in.rdbuf();
+  std::string secret = s.str();
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r'))
+    secret.pop_back();
+  if (secret.empty()) f.fail("secret file '" + path + "' is empty");
+  return secret;
+}
+
+ControlConfig parse_control(const Field& f) {
+  f.allow_only({"listen", "secret", "secret_file", "heartbeat_interval_ms", "agent_timeout_ms"});
+  ControlConfig c;
+  c.listen = config::as_host_port(f.required("listen"));
+  const auto secret = f.optional("secret");
+  const auto secret_file = f.optional("secret_file");
+  if (secret && secret_file) secret_file->fail("give either 'secret' or 'secret_file', not both");
+  if (secret) {
+    c.secret = secret->as_string();
+    if (c.secret.size() < 16) secret->fail("the shared secret must be at least 16 characters");
+  } else if (secret_file) {
+    c.secret = read_secret_file(*secret_file);
+  } else {
+    f.fail("missing required setting 'secret' or 'secret_file'");
+  }
+  if (auto v = f.optional("heartbeat_interval_ms")) {
+    c.heartbeat_interval_ms = static_cast<uint32_t>(v->as_uint(1, 60'000));
+  }
+  if (auto v = f.optional("agent_timeout_ms")) {
+    c.agent_timeout_ms = static_cast<uint32_t>(v->as_uint(1, 600'000));
+  }
+  if (c.agent_timeout_ms <= c.heartbeat_interval_ms) {
+    f.fail("agent_timeout_ms (" + std::to_string(c.agent_timeout_ms) +
+           ") must exceed heartbeat_interval_ms (" + std::to_string(c.heartbeat_interval_ms) + ")");
+  }
+  return c;
+}
+
+ListenerConfig parse_listener(const Field& f, uint32_t max_message_bytes) {
+  f.allow_only({"protocol", "listen", "framing"});
+  ListenerConfig l;
+  l.protocol = f.required("protocol")
+                   .as_choice<Protocol>({{"udp", Protocol::kUdp}, {"tcp", Protocol::kTcp}});
+  l.listen = config::as_host_port(f.required("listen"));
+  const auto framing = f.optional("framing");
+  if (l.protocol == Protocol::kUdp) {
+    if (framing) framing->fail("UDP listeners take no framing: one datagram is one message");
+  } else {
+    if (!framing) f.fail("missing required setting 'framing' for a TCP listener");
+    l.framing = parse_framing(*framing, max_message_bytes);
+  }
+  return l;
+}
+
+ServiceConfig parse_service(const Field& f) {
+  f.allow_only({"name", "max_message_bytes", "dispatch", "listeners"});
+  ServiceConfig s;
+  s.name = f.required("name").as_string();
+  if (s.name.empty()) f.required("name").fail("service name is empty");
+  s.max_message_bytes =
+      static_cast<uint32_t>(f.required("max_message_bytes").as_uint(1, 64u << 20));
+  if (auto d = f.optional("dispatch")) {
+    s.dispatch = d->as_choice<DispatchPolicy>({{"round_robin", DispatchPolicy::kRoundRobin},
+                                               {"least_loaded", DispatchPolicy::kLeastLoaded},
+                                               {"flow_affinity", DispatchPolicy::kFlowAffinity}});
+  }
+  const std::vector<Field> listeners = f.required("listeners").items();
+  if (listeners.empty()) f.required("listeners").fail("a service needs at least one listener");
+  for (const Field& l : listeners)
+    s.listeners.push_back(parse_listener(l, s.max_message_bytes));
+  return s;
+}
+
+DestinationConfig parse_destination(const Field& f) {
+  f.allow_only({"name", "connect", "framing", "max_message_bytes"});
+  DestinationConfig d;
+  d.name = f.required("name").as_string();
+  d.connect = config::as_host_port(f.required("connect"));
+  uint32_t max = 1u << 20;
+  if (auto m = f.optional("max_message_bytes")) {
+    max = static_cast<uint32_t>(m->as_uint(1, 64u << 20));
+  }
+  d.framing = parse_framing(f.required("framing"), max);
+  return d;
+}
+
+}  // namespace
+
+FramingConfig parse_framing(const Field& f, uint32_t max_message_bytes) {
+  f.allow_only({"kind", "size", "prefix_bytes", "byte_order", "prefix_counts_itself", "delimiter"});
+  FramingConfig c;
+  c.max_message_bytes = max_message_bytes;
+  c.kind =
+      f.required("kind").as_choice<FramingKind>({{"fixed", FramingKind::kFixed},
+                                                 {"length_prefixed", FramingKind::kLengthPrefixed},
+                                                 {"line", FramingKind::kLine}});
+  const auto size = f.optional("size");
+  const auto prefix = f.optional("prefix_bytes");
+  const auto order = f.optional("byte_order");
+  const auto counts = f.optional("prefix_counts_itself");
+  const auto delimiter = f.optional("delimiter");
+  const auto only_for = [](const std::optional<Field>& field, const char* kind) {
+    if (field) field->fail(std::string("only applies to framing kind '") + kind + "'");
+  };
+  switch (c.kind) {
+    case FramingKind::kFixed:
+      if (!size) f.fail("missing required setting 'size' for fixed framing");
+      c.fixed_bytes = static_cast<uint32_t>(size->as_uint(1, max_message_bytes));
+      only_for(prefix, "length_prefixed");
+      only_for(order, "length_prefixed");
+      only_for(counts, "length_prefixed");
+      only_for(delimiter, "line");
+      break;
+    case FramingKind::kLengthPrefixed:
+      if (prefix) {
+        c.prefix_bytes = static_cast<uint32_t>(prefix->as_uint(1, 8));
+        if (c.prefix_bytes != 1 && c.prefix_bytes != 2 && c.prefix_bytes != 4 &&
+            c.prefix_bytes != 8) {
+          prefix->fail("prefix_bytes must be 1, 2, 4 or 8");
+        }
+      }
+      if (order) {
+        c.byte_order =
+            order->as_choice<ByteOrder>({{"big", ByteOrder::kBig}, {"little", ByteOrder::kLittle}});
+      }
+      if (counts) c.prefix_counts_itself = counts->as_bool();
+      only_for(size, "fixed");
+      only_for(delimiter, "line");
+      break;
+    case FramingKind::kLine:
+      if (delimiter) {
+        c.delimiter = delimiter->as_string();
+        if (c.delimiter.empty()) delimiter->fail("the line delimiter is empty");
+      }
+      only_for(size, "fixed");
+      only_for(prefix, "length_prefixed");
+      only_for(order, "length_prefixed");
+      only_for(counts, "length_prefixed");
+      break;
+  }
+  if (Result<Codec> codec = Codec::make(c); !codec.ok()) f.fail(codec.status().message());
+  return c;
+}
+
+ServerConfig parse_server_config(const Field& root) {
+  root.allow_only({"io_threads", "log_level", "control", "metrics", "services", "destinations"});
+  ServerConfig c;
+  if (auto v = root.optional("io_threads"))
+    c.io_threads = static_cast<uint32_t>(v->as_uint(1, 256));
+  if (auto v = root.optional("log_level")) {
+    c.log_level = v->as_string();
+    static const std::set<std::string> levels{"trace", "debug", "info", "warn", "error", "off"};
+    if (!levels.contains(c.log_level)) {
+      v->fail("'" + c.log_level + "' is not one of: trace, debug, info, warn, error, off");
+    }
+  }
+  c.control = parse_control(root.required("control"));
+  if (auto m = root.optional("metrics")) {
+    m->allow_only({"listen"});
+    c.metrics_listen = config::as_host_port(m->required("listen"));
+  }
+  const std::vector<Field> services = root.required("services").items();
+  if (services.empty()) root.required("services").fail("at least one service is required");
+  std::set<std::string> names;
+  for (const Field& s : services) {
+    c.services.push_back(parse_service(s));
+    if (!names.insert(c.services.back().name).second) {
+      s.required("name").fail("duplicate service name '" + c.services.back().name + "'");
+    }
+  }
+  if (auto dests = root.optional("destinations")) {
+    std::set<std::string> dnames;
+    for (const Field& d : dests->items()) {
+      c.destinations.push_back(parse_destination(d));
+      if (!dnames.insert(c.destinations.back().name).second) {
+        d.required("name").fail("duplicate destination name '" + c.destinations.back().name + "'");
+      }
+    }
+  }
+  // Two listeners on one address and protocol would fight over the port.
+  std::set<std::pair<int, std::string>> bound;
+  for (size_t i = 0; i < c.services.size(); ++i) {
+    for (size_t j = 0; j < c.services[i].listeners.size(); ++j) {
+      const ListenerConfig& l = c.services[i].listeners[j];
+      if (l.listen.port != 0 &&
+          !bound.insert({static_cast<int>(l.protocol), l.listen.str()}).second) {
+        services[i]
+            .required("listeners")
+            .items()[j]
+            .required("listen")
+            .fail("address " + l.listen.str() + " is already used by another listener");
+      }
+    }
+  }
+  return c;
+}
+
+ServerConfig load_server_config(const std::string& path) {
+  return parse_server_config(config::load_yaml_file(path));
+}
+
+}  // namespace caracal::server

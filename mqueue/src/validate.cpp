@@ -39,14 +39,19 @@ Status check_geometry(const char* slot_field, uint32_t slot_bytes, const char* c
                      "server and client queues together exceed " + std::to_string(kMaxQueues) +
                          " (server_queue_count is " + std::to_string(server_queues) + ")");
   }
-  const uint32_t max_slots = capacity < kMaxMessageSlots ? capacity : kMaxMessageSlots;
+  // At most half the ring. An entry of s slots that does not fit before the ring's end at
+  // position p needs capacity - p skip slots plus s, more than the whole ring when s > p; with
+  // s > capacity / 2 some such p exists, and a producer whose tail is there waits forever, even
+  // on an empty ring.
+  const uint32_t half = capacity / 2;
+  const uint32_t max_slots = half < kMaxMessageSlots ? half : kMaxMessageSlots;
   const uint64_t limit = uint64_t{max_slots} * slot_bytes - kSlotHeaderBytes;
   if (max_message_bytes == 0 || max_message_bytes > limit) {
     return bad_field("max_message_bytes", max_message_bytes,
                      "must be between 1 and " + std::to_string(limit) + " (" +
                          std::to_string(max_slots) + " slots of " + std::to_string(slot_bytes) +
-                         " bytes, less the " + std::to_string(kSlotHeaderBytes) +
-                         "-byte slot header)");
+                         " bytes, half the ring at most, less the " +
+                         std::to_string(kSlotHeaderBytes) + "-byte slot header)");
   }
   return Status::ok_status();
 }
@@ -84,9 +89,10 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
                      "larger than the " + std::to_string(mapped_bytes) + " bytes mapped");
   }
   const uint64_t queues = queue_count(h);
-  if (h.control_offset < h.header_bytes || h.control_offset % kPageBytes != 0) {
+  if (h.control_offset < h.header_bytes || h.control_offset % kPageBytes != 0 ||
+      h.control_offset > h.region_bytes) {
     return bad_field("control_offset", h.control_offset,
-                     "must be page-aligned and after the header");
+                     "must be page-aligned, after the header and inside the region");
   }
   const uint64_t control_needed = (kControlPreambleLines + 4 * queues) * kControlLineBytes;
   if (h.control_bytes < control_needed) {
@@ -94,7 +100,8 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
                      "too small for " + std::to_string(queues) + " queues (needs " +
                          std::to_string(control_needed) + ")");
   }
-  if (h.control_offset + h.control_bytes > h.region_bytes) {
+  // control_offset <= region_bytes here; subtract instead of adding to rule out overflow.
+  if (h.control_bytes > h.region_bytes - h.control_offset) {
     return bad_field("control_bytes", h.control_bytes,
                      "control area ends past region_bytes " + std::to_string(h.region_bytes));
   }

@@ -74,7 +74,8 @@ struct RegionHeader {
   uint32_t client_queue_count;
   uint32_t slot_bytes;          // power of two in [kMinSlotBytes, kMaxSlotBytes]
   uint32_t ring_capacity;       // slots per ring; power of two in [kMinRingCapacity, kMax...]
-  uint32_t max_message_bytes;   // largest payload; fits in min(capacity, kMaxMessageSlots) slots
+  uint32_t max_message_bytes;   // largest payload; fits in min(capacity/2, kMaxMessageSlots)
+                                // slots, so that it fits after any skip marker
   uint32_t control_line_bytes;  // kControlLineBytes
   uint64_t control_offset;      // start of the control area
   uint64_t control_bytes;       // size of the control area

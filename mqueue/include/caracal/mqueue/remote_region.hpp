@@ -67,11 +67,14 @@ class RemoteRegion {
   RemoteRingConsumer<T>& tx(uint32_t queue) { return tx_[queue]; }
   T& transport() { return *t_; }
 
-  // Posts one read of every TX tail (they are contiguous); when it has completed,
-  // deliver_tx_tails() hands each consumer its tail. Returns the read's ticket.
+  // Posts one read of every TX tail (they are contiguous) unless one is still in flight; when
+  // it has completed, deliver_tx_tails() hands each consumer its tail. Returns the read's
+  // ticket. A poll loop may call fetch and deliver every round.
   uint64_t fetch_tx_tails() {
-    tails_ticket_ = t_->post_read(index_offset(header_, IndexArray::kTxTail, 0),
-                                  queue_count() * header_.control_line_bytes);
+    if (tails_ticket_ == 0) {
+      tails_ticket_ = t_->post_read(index_offset(header_, IndexArray::kTxTail, 0),
+                                    queue_count() * header_.control_line_bytes);
+    }
     return tails_ticket_;
   }
   // True when the last fetch had completed and its tails were delivered.

@@ -169,11 +169,15 @@ class RemoteRingConsumer {
     fetch_target_ = tail;
   }
 
-  // Reads the tail of this ring alone (a small read and a wait for it); RemoteRegion's
-  // fetch_tx_tails does all rings in one read instead.
+  // Reads the tail of this ring alone: folds in a completed read, or posts one if none is in
+  // flight (like RemoteRingProducer::poll_credits; call again after Transport::progress).
+  // RemoteRegion's fetch_tx_tails does all rings in one read instead.
   void refresh_tail() {
-    const uint64_t ticket = t_->post_read(address_.tail_offset, sizeof(uint32_t));
-    if (t_->completed() >= ticket) observe_tail(t_->load_index(address_.tail_offset));
+    if (tail_ticket_ == 0) tail_ticket_ = t_->post_read(address_.tail_offset, sizeof(uint32_t));
+    if (t_->completed() >= tail_ticket_) {
+      tail_ticket_ = 0;
+      observe_tail(t_->load_index(address_.tail_offset));
+    }
   }
 
   // The next entry whose slots have arrived in staging, skipping fillers.
@@ -231,6 +235,7 @@ class RemoteRingConsumer {
   uint32_t fetched_ = 0;       // entries up to here are in staging
   uint32_t fetch_target_ = 0;  // ... once fetch_ticket_ completes
   uint64_t fetch_ticket_ = 0;
+  uint64_t tail_ticket_ = 0;  // refresh_tail's read, while in flight
   EntryCheck last_check_ = EntryCheck::kOk;
 };
 

@@ -158,3 +158,17 @@ TEST(ServerConfig, MissingFileIsAClearError) {
 
 }  // namespace
 }  // namespace caracal::server
+
+namespace caracal::server {
+namespace {
+
+// Every server configuration shipped in configs/ parses as it is.
+TEST(ShippedConfigs, EchoServerParses) {
+  const ServerConfig c = load_server_config(CARACAL_CONFIGS_DIR "/echo-server.yaml");
+  ASSERT_EQ(c.services.size(), 1u);
+  EXPECT_EQ(c.services[0].name, "echo");
+  EXPECT_EQ(c.services[0].listeners.size(), 3u);
+}
+
+}  // namespace
+}  // namespace caracal::server

@@ -69,17 +69,16 @@ class CpuAccelerator {
   Status start() {
     if (!threads_.empty()) return invalid_argument("CPU accelerator already started");
     stats_ = std::make_unique<WorkerStats[]>(options_.workers);
-    std::vector<std::unique_ptr<std::atomic<int>>> ready;
-    std::atomic<bool> go{false};
+    go_.store(false, std::memory_order_relaxed);
     std::vector<Status> pin_status(options_.workers);
     std::atomic<uint32_t> started{0};
     for (uint32_t w = 0; w < options_.workers; ++w) {
-      threads_.emplace_back([this, w, &pin_status, &started, &go] {
+      threads_.emplace_back([this, w, &pin_status, &started] {
         if (!options_.cpus.empty()) {
           pin_status[w] = detail::pin_current_thread(w, options_.cpus[w % options_.cpus.size()]);
         }
         started.fetch_add(1, std::memory_order_acq_rel);
-        while (!go.load(std::memory_order_acquire))
+        while (!go_.load(std::memory_order_acquire))
           std::this_thread::yield();
         if (abort_start_.load(std::memory_order_acquire)) return;
         run_worker(w);
@@ -92,7 +91,7 @@ class CpuAccelerator {
       if (!s.ok()) failed = s;
     }
     abort_start_.store(!failed.ok(), std::memory_order_release);
-    go.store(true, std::memory_order_release);
+    go_.store(true, std::memory_order_release);
     if (!failed.ok()) {
       join();
       return failed;
@@ -303,6 +302,11 @@ class CpuAccelerator {
       for (uint32_t i = 0; i < n; ++i) {
         detail::write_error(resps[i], std::string("handler failed: ") + ex.what());
       }
+    } catch (...) {
+      stats.handler_errors.fetch_add(n, std::memory_order_relaxed);
+      for (uint32_t i = 0; i < n; ++i) {
+        detail::write_error(resps[i], "handler failed with a non-standard exception");
+      }
     }
   }
 
@@ -312,6 +316,8 @@ class CpuAccelerator {
   std::vector<std::thread> threads_;
   std::unique_ptr<WorkerStats[]> stats_;
   std::atomic<bool> abort_start_{false};
+  // A member, not a local of start(): a worker may still be reading it after start() returns.
+  std::atomic<bool> go_{false};
 };
 
 }  // namespace caracal::accel

@@ -220,5 +220,22 @@ TEST(StopTest, StopWordFromTheSmartNicEndsWorkers) {
   EXPECT_TRUE(wait_until([&] { return thread_count() == baseline; }));
 }
 
+// stop() leaves the stop word raised; a second start() clears it and serves again, and the
+// counters keep counting across the restart.
+TEST(StopTest, StartAgainAfterStopServesAgain) {
+  SnicDriver snic(stop_geometry(2));
+  CpuAccelerator<Echo> acc(snic.region(), Echo{}, workers_options(2));
+  EXPECT_EQ(acc.total_requests(), 0u);  // readable before start()
+  ASSERT_TRUE(acc.start().ok());
+  round_trip(snic, 2, 0);
+  finish_within("first CpuAccelerator::stop()", [&] { acc.stop(); });
+  ASSERT_TRUE(snic.region().stop_requested());
+  ASSERT_TRUE(acc.start().ok());
+  EXPECT_FALSE(snic.region().stop_requested());
+  round_trip(snic, 2, 1);
+  finish_within("second CpuAccelerator::stop()", [&] { acc.stop(); });
+  EXPECT_EQ(acc.total_requests(), 4u);
+}
+
 }  // namespace
 }  // namespace caracal::accel::test

@@ -60,6 +60,7 @@ class CpuAccelerator {
       : region_(region), handler_(std::move(handler)), options_(std::move(options)) {
     if (options_.workers == 0) options_.workers = 1;
     if (options_.burst == 0) options_.burst = 1;
+    stats_ = std::make_unique<WorkerStats[]>(options_.workers);
   }
   CpuAccelerator(const CpuAccelerator&) = delete;
   CpuAccelerator& operator=(const CpuAccelerator&) = delete;
@@ -68,7 +69,8 @@ class CpuAccelerator {
   // Starts the workers. Fails (and starts none) if a worker cannot be pinned.
   Status start() {
     if (!threads_.empty()) return invalid_argument("CPU accelerator already started");
-    stats_ = std::make_unique<WorkerStats[]>(options_.workers);
+    // A stop() before this one left the stop word raised; starting again clears it.
+    region_.clear_stop();
     go_.store(false, std::memory_order_relaxed);
     std::vector<Status> pin_status(options_.workers);
     std::atomic<uint32_t> started{0};
@@ -143,7 +145,8 @@ class CpuAccelerator {
       clients.emplace_back(region_, c);
     }
     H handler = handler_;  // each worker its own copy
-    Context ctx(Group(Granularity::kThread, 0, 1), clients.data(),
+    // On the CPU every group, whatever the handler declares, is this one thread.
+    Context ctx(Group(granularity_of<H>(), 0, 1), clients.data(),
                 static_cast<uint32_t>(clients.size()), w);
     const uint32_t max_response = max_response_of<H>(h.max_message_bytes);
     std::vector<std::byte> staging;

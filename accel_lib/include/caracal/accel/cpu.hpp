@@ -69,8 +69,10 @@ class CpuAccelerator {
   // Starts the workers. Fails (and starts none) if a worker cannot be pinned.
   Status start() {
     if (!threads_.empty()) return invalid_argument("CPU accelerator already started");
-    // A stop() before this one left the stop word raised; starting again clears it.
-    region_.clear_stop();
+    // This accelerator's own earlier stop() left the stop word raised: starting again clears
+    // it. A stop raised by anyone else (the SmartNIC, the agent) stays in force.
+    if (raised_stop_) region_.clear_stop();
+    raised_stop_ = false;
     go_.store(false, std::memory_order_relaxed);
     std::vector<Status> pin_status(options_.workers);
     std::atomic<uint32_t> started{0};
@@ -105,6 +107,7 @@ class CpuAccelerator {
   void stop() {
     if (threads_.empty()) return;
     region_.request_stop();
+    raised_stop_ = true;
     join();
   }
 
@@ -321,6 +324,7 @@ class CpuAccelerator {
   std::atomic<bool> abort_start_{false};
   // A member, not a local of start(): a worker may still be reading it after start() returns.
   std::atomic<bool> go_{false};
+  bool raised_stop_ = false;  // the stop word is up because stop() raised it
 };
 
 }  // namespace caracal::accel

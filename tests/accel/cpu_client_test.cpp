@@ -65,33 +65,14 @@ using Destination = std::function<void(uint32_t client, std::vector<TxEntry>& re
 // Plays dispatcher and destination until every request has its reply. False on timeout.
 bool serve(SnicDriver& snic, const std::vector<std::vector<PendingRequest>>& requests,
            std::vector<std::vector<TxEntry>>& replies, const Destination& destination) {
-  const uint32_t queues = static_cast<uint32_t>(requests.size());
-  replies.assign(queues, {});
-  std::vector<size_t> sent(queues, 0);
-  size_t expected = 0;
-  for (const auto& r : requests)
-    expected += r.size();
-  size_t received = 0;
+  replies.assign(requests.size(), {});
   std::vector<TxEntry> batch;
-  return wait_until([&] {
-    for (uint32_t q = 0; q < queues; ++q) {
-      while (sent[q] < requests[q].size() &&
-             snic.try_push(q, requests[q][sent[q]].payload, requests[q][sent[q]].token)) {
-        ++sent[q];
-      }
-      snic.publish(q);
-    }
+  return snic.exchange(requests, replies, 0, [&] {
     for (uint32_t c = 0; c < snic.header().client_queue_count; ++c) {
       batch.clear();
       snic.take_client_requests(c, batch);
       if (!batch.empty()) destination(c, batch);
     }
-    batch.clear();
-    snic.poll_replies(batch);
-    for (TxEntry& e : batch)
-      replies[e.queue].push_back(std::move(e));
-    received += batch.size();
-    return received >= expected;
   });
 }
 

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -251,13 +252,16 @@ class SnicDriver {
   // What a dispatcher does with a fixed workload: pushes requests[q] into server queue q in
   // order, as fast as credits allow (one publish per queue per round), while reading replies
   // into replies[q]. The first `already_queued` requests of each queue were pushed by the
-  // caller. Returns when every request has its reply; false on timeout.
+  // caller. `each_round`, when given, runs once per round after the pushes (a test plays the
+  // destination of client queues there). Returns when every request has its reply; false on
+  // timeout.
   struct PendingRequest {
     std::vector<std::byte> payload;
     uint64_t token = 0;
   };
   bool exchange(const std::vector<std::vector<PendingRequest>>& requests,
-                std::vector<std::vector<TxEntry>>& replies, size_t already_queued = 0) {
+                std::vector<std::vector<TxEntry>>& replies, size_t already_queued = 0,
+                const std::function<void()>& each_round = {}) {
     const uint32_t queues = static_cast<uint32_t>(requests.size());
     replies.resize(queues);
     std::vector<size_t> sent(queues, already_queued);
@@ -274,6 +278,7 @@ class SnicDriver {
         }
         publish(q);
       }
+      if (each_round) each_round();
       batch.clear();
       poll_replies(batch);
       for (TxEntry& e : batch)

@@ -1,0 +1,94 @@
+#include <gtest/gtest.h>
+
+#include "caracal/control/protocol.hpp"
+
+namespace caracal::control {
+namespace {
+
+Message round_trip(const Message& m) {
+  const std::string frame = encode(m);
+  Result<uint32_t> n = frame_length(reinterpret_cast<const std::byte*>(frame.data()));
+  EXPECT_TRUE(n.ok()) << n.status().message();
+  EXPECT_EQ(*n + kFramePrefixBytes, frame.size());
+  Result<Message> back = decode(std::string_view(frame).substr(kFramePrefixBytes), "test");
+  EXPECT_TRUE(back.ok()) << back.status().message();
+  return *back;
+}
+
+TEST(ControlProtocol, HelloRoundTripsSecretsWithYamlSpecials) {
+  Hello h;
+  h.secret = "a: b, {c} [d] # 'e' \"f\" 0123456789";
+  h.agent = "echo-1";
+  h.epoch = 0xFFFF'FFFF'FFFF'FFFFULL;
+  h.accelerator = "cpu";
+  const auto back = std::get<Hello>(round_trip(h));
+  EXPECT_EQ(back.secret, h.secret);
+  EXPECT_EQ(back.agent, "echo-1");
+  EXPECT_EQ(back.epoch, h.epoch);
+  EXPECT_EQ(back.accelerator, "cpu");
+}
+
+TEST(ControlProtocol, RegionRoundTrips) {
+  RegionAnnounce r{"kv", "shm", "/caracal-kv-1", 1 << 20, {"memcached", "memcached"}};
+  const auto back = std::get<RegionAnnounce>(round_trip(r));
+  EXPECT_EQ(back.service, "kv");
+  EXPECT_EQ(back.shm_name, "/caracal-kv-1");
+  EXPECT_EQ(back.region_bytes, 1u << 20);
+  EXPECT_EQ(back.destinations, r.destinations);
+  const auto none = std::get<RegionAnnounce>(round_trip(RegionAnnounce{"e", "shm", "/x", 8, {}}));
+  EXPECT_TRUE(none.destinations.empty());
+}
+
+TEST(ControlProtocol, SmallMessagesRoundTrip) {
+  EXPECT_EQ(std::get<Welcome>(round_trip(Welcome{100, 1000})).agent_timeout_ms, 1000u);
+  EXPECT_EQ(std::get<Attached>(round_trip(Attached{"echo"})).service, "echo");
+  EXPECT_TRUE(std::holds_alternative<Heartbeat>(round_trip(Heartbeat{})));
+  EXPECT_TRUE(std::holds_alternative<Bye>(round_trip(Bye{})));
+  EXPECT_EQ(std::get<Refused>(round_trip(Refused{"", "bad secret"})).message, "bad secret");
+}
+
+TEST(ControlProtocol, FrameLengthBounds) {
+  const std::byte zero[4] = {};
+  EXPECT_FALSE(frame_length(zero).ok());
+  const std::byte huge[4] = {std::byte{0}, std::byte{1}, std::byte{0}, std::byte{1}};
+  Result<uint32_t> r = frame_length(huge);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("65537"), std::string::npos);
+}
+
+void expect_refused(std::string_view text, const std::string& needle) {
+  Result<Message> r = decode(text, "control 127.0.0.1:5");
+  ASSERT_FALSE(r.ok()) << text;
+  EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("control 127.0.0.1:5"), std::string::npos);
+}
+
+TEST(ControlProtocol, BadMessagesNameTheField) {
+  expect_refused("{type: nope}", "unknown message type 'nope'");
+  expect_refused("[1, 2]", "mapping");
+  expect_refused("{type: hello, protocol: 2, secret: s, agent: a, epoch: 1}", "protocol version 2");
+  expect_refused("{type: hello, protocol: 1, secret: s, agent: 'a b', epoch: 1}", "agent");
+  expect_refused("{type: hello, protocol: 1, secret: s, agent: a, epoch: 0}", "epoch");
+  expect_refused("{type: hello, protocol: 1, secret: s, agent: a, epoch: 1, x: 1}",
+                 "unknown setting 'x'");
+  expect_refused("{type: region, service: e, transport: rdma, shm_name: /a, region_bytes: 1}",
+                 "transport 'rdma'");
+  expect_refused("{type: region, service: e, transport: shm, shm_name: /a/b, region_bytes: 1}",
+                 "shm_name");
+  expect_refused("{type: region, service: e, transport: shm, shm_name: /a, region_bytes: -1}",
+                 "region_bytes");
+  expect_refused("{type: region, service: e, transport: shm, shm_name: /a}", "region_bytes");
+  expect_refused("{type: hello, protocol: 1", "YAML syntax");
+}
+
+TEST(ControlProtocol, SecretsEqual) {
+  EXPECT_TRUE(secrets_equal("0123456789abcdef", "0123456789abcdef"));
+  EXPECT_FALSE(secrets_equal("0123456789abcdef", "0123456789abcdeg"));
+  EXPECT_FALSE(secrets_equal("0123456789abcdef", "0123456789abcde"));
+  EXPECT_FALSE(secrets_equal("", "x"));
+  EXPECT_TRUE(secrets_equal("", ""));
+  EXPECT_FALSE(secrets_equal(std::string_view("a\0b", 3), std::string_view("a\0c", 3)));
+}
+
+}  // namespace
+}  // namespace caracal::control

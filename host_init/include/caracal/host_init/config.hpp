@@ -1,0 +1,82 @@
+// An agent's configuration: what `AGENT --config FILE` reads. Parsing validates every setting
+// and reports the first bad one as "FILE:LINE:COL: PATH: message"; unknown keys are refused.
+//
+//   agent: echo-1                  # this agent's name: 1-64 of A-Z a-z 0-9 - _ .
+//   server: 127.0.0.1:7100         # the server's control endpoint (its control.listen)
+//   secret: change-me-0123456789   # or `secret_file: PATH`; one of the two, >= 16 characters
+//   accelerator: auto              # auto (the best one present), cpu, gpu:N
+//   transport: auto                # auto or shm
+//   log_level: info                # trace, debug, info, warn, error, off
+//   cpu: { workers: 1, cpus: [1], burst: 32, idle_rounds_before_yield: 256 }   # optional
+//   reconnect_interval_ms: 200     # between connection attempts while the server is away
+//   services:
+//     - name: echo                 # a service of the server's config
+//       queues: 2                  # server queues (default 1)
+//       ring_capacity: 256         # slots per ring, power of two (default 256)
+//       slot_bytes: 256            # power of two (default 256)
+//       max_message_bytes: 1024    # largest request or reply; at most half a ring
+//       client_queues:             # optional; client queue c calls client_queues[c]
+//         - { destination: memcached }
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "caracal/accel/cpu.hpp"
+#include "caracal/config/yaml.hpp"
+#include "caracal/mqueue/layout.hpp"
+
+namespace caracal::host {
+
+enum class AcceleratorKind : uint8_t { kAuto, kCpu, kGpu };
+
+// What the configuration asks for; resolve_accelerator (accelerator.hpp) turns `auto` into the
+// accelerator that will run.
+struct AcceleratorSetting {
+  AcceleratorKind kind = AcceleratorKind::kAuto;
+  uint32_t gpu = 0;  // device index for kGpu
+  std::string str() const;
+};
+
+enum class TransportKind : uint8_t { kAuto, kShm };
+
+struct ClientQueueConfig {
+  std::string destination;  // a destination of the server's config
+};
+
+struct ServiceConfig {
+  std::string name;
+  uint32_t queues = 1;
+  uint32_t ring_capacity = 256;
+  uint32_t slot_bytes = 256;
+  uint32_t max_message_bytes = 0;
+  std::vector<ClientQueueConfig> client_queues;
+
+  mqueue::RegionGeometry geometry() const;
+  // Client queue destinations in client-queue order, as the region announcement lists them.
+  std::vector<std::string> destinations() const;
+};
+
+struct AgentConfig {
+  std::string agent;
+  config::HostPort server;
+  std::string secret;
+  AcceleratorSetting accelerator;
+  TransportKind transport = TransportKind::kAuto;
+  std::string log_level = "info";
+  accel::CpuOptions cpu;
+  uint32_t reconnect_interval_ms = 200;
+  std::vector<ServiceConfig> services;
+};
+
+// Throws config::ConfigError naming the file, line, column and key of the first bad setting.
+AgentConfig parse_agent_config(const config::Field& root);
+AgentConfig load_agent_config(const std::string& path);
+
+// Agent, service and destination names: what the control protocol accepts, so that they go
+// into logs, metric labels and shm names as they are.
+bool is_valid_name(std::string_view name);
+
+}  // namespace caracal::host

@@ -1,0 +1,231 @@
+#include "caracal/host_init/config.hpp"
+
+#include <charconv>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "caracal/control/protocol.hpp"
+#include "caracal/host_init/accelerator.hpp"
+#include "caracal/mqueue/validate.hpp"
+
+namespace caracal::host {
+namespace {
+
+using config::Field;
+
+std::string name_of(const Field& f, const char* what) {
+  const std::string v = f.as_string();
+  if (!is_valid_name(v)) {
+    f.fail("'" + v + "' is not a valid " + what + " name (1-64 of A-Z a-z 0-9 - _ .)");
+  }
+  return v;
+}
+
+std::string read_secret_file(const Field& f) {
+  const std::string path = f.as_string();
+  std::ifstream in(path);
+  if (!in) f.fail("cannot read secret file '" + path + "'");
+  std::ostringstream s;
+  s << in.rdbuf();
+  std::string secret = s.str();
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r'))
+    secret.pop_back();
+  if (secret.empty()) f.fail("secret file '" + path + "' is empty");
+  if (secret.size() < control::kMinSecretBytes) {
+    f.fail("the shared secret in '" + path + "' must be at least " +
+           std::to_string(control::kMinSecretBytes) + " characters");
+  }
+  return secret;
+}
+
+AcceleratorSetting parse_accelerator(const Field& f) {
+  const std::string v = f.as_string();
+  AcceleratorSetting a;
+  if (v == "auto") {
+    a.kind = AcceleratorKind::kAuto;
+  } else if (v == "cpu") {
+    a.kind = AcceleratorKind::kCpu;
+  } else if (v.starts_with("gpu:")) {
+    const std::string index = v.substr(4);
+    uint32_t n = 0;
+    const auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), n);
+    if (index.empty() || ec != std::errc() || end != index.data() + index.size()) {
+      f.fail("'" + v + "' is not gpu:N with N a device index (gpu:0, gpu:1, ...)");
+    }
+    a.kind = AcceleratorKind::kGpu;
+    a.gpu = n;
+  } else {
+    f.fail("'" + v + "' is not one of: auto, cpu, gpu:N");
+  }
+  if (Status s = check_accelerator_available(a); !s.ok()) f.fail(s.message());
+  return a;
+}
+
+TransportKind parse_transport(const Field& f) {
+  const std::string v = f.as_string();
+  if (v == "rdma") {
+    f.fail(
+        "transport 'rdma' is not supported by the agent yet; use 'shm' (or 'auto') with a "
+        "server on this host");
+  }
+  return f.as_choice<TransportKind>({{"auto", TransportKind::kAuto}, {"shm", TransportKind::kShm}});
+}
+
+accel::CpuOptions parse_cpu(const Field& f) {
+  f.allow_only({"workers", "cpus", "burst", "idle_rounds_before_yield"});
+  accel::CpuOptions o;
+  if (auto v = f.optional("workers")) o.workers = static_cast<uint32_t>(v->as_uint(1, 1024));
+  if (auto v = f.optional("cpus")) {
+    for (const Field& cpu : v->items())
+      o.cpus.push_back(static_cast<int>(cpu.as_uint(0, 65535)));
+    if (o.cpus.empty())
+      v->fail("the CPU list is empty (leave 'cpus' out to let the OS place workers)");
+  }
+  if (auto v = f.optional("burst")) o.burst = static_cast<uint32_t>(v->as_uint(1, 65536));
+  if (auto v = f.optional("idle_rounds_before_yield")) {
+    o.idle_rounds_before_yield = static_cast<uint32_t>(v->as_uint(0, UINT32_MAX));
+  }
+  return o;
+}
+
+uint32_t power_of_two(const Field& f, uint32_t min, uint32_t max) {
+  const uint64_t v = f.as_uint(min, max);
+  if (!mqueue::is_power_of_two(v)) f.fail(std::to_string(v) + " is not a power of two");
+  return static_cast<uint32_t>(v);
+}
+
+ServiceConfig parse_service(const Field& f) {
+  f.allow_only(
+      {"name", "queues", "ring_capacity", "slot_bytes", "max_message_bytes", "client_queues"});
+  ServiceConfig s;
+  s.name = name_of(f.required("name"), "service");
+  if (auto v = f.optional("queues")) {
+    s.queues = static_cast<uint32_t>(v->as_uint(1, mqueue::kMaxQueues));
+  }
+  if (auto v = f.optional("ring_capacity")) {
+    s.ring_capacity = power_of_two(*v, mqueue::kMinRingCapacity, mqueue::kMaxRingCapacity);
+  }
+  if (auto v = f.optional("slot_bytes")) {
+    s.slot_bytes = power_of_two(*v, mqueue::kMinSlotBytes, mqueue::kMaxSlotBytes);
+  }
+  const Field max = f.required("max_message_bytes");
+  s.max_message_bytes = static_cast<uint32_t>(max.as_uint(1, UINT32_MAX));
+  if (auto cq = f.optional("client_queues")) {
+    for (const Field& item : cq->items()) {
+      item.allow_only({"destination"});
+      s.client_queues.push_back(
+          ClientQueueConfig{name_of(item.required("destination"), "destination")});
+    }
+    if (uint64_t{s.queues} + s.client_queues.size() > mqueue::kMaxQueues) {
+      cq->fail(std::to_string(s.client_queues.size()) + " client queues and " +
+               std::to_string(s.queues) + " server queues exceed the " +
+               std::to_string(mqueue::kMaxQueues) + " queues a region can hold");
+    }
+  }
+  // Every field is in range on its own; what remains is how they fit together, which only the
+  // largest message can break: it must fit in half a ring.
+  if (Status st = mqueue::validate_geometry(s.geometry()); !st.ok()) {
+    max.fail(st.message() + " (ring_capacity " + std::to_string(s.ring_capacity) + ", slot_bytes " +
+             std::to_string(s.slot_bytes) + ")");
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string AcceleratorSetting::str() const {
+  switch (kind) {
+    case AcceleratorKind::kAuto:
+      return "auto";
+    case AcceleratorKind::kCpu:
+      return "cpu";
+    case AcceleratorKind::kGpu:
+      return "gpu:" + std::to_string(gpu);
+  }
+  return "?";
+}
+
+mqueue::RegionGeometry ServiceConfig::geometry() const {
+  mqueue::RegionGeometry g;
+  g.server_queue_count = queues;
+  g.client_queue_count = static_cast<uint32_t>(client_queues.size());
+  g.slot_bytes = slot_bytes;
+  g.ring_capacity = ring_capacity;
+  g.max_message_bytes = max_message_bytes;
+  return g;
+}
+
+std::vector<std::string> ServiceConfig::destinations() const {
+  std::vector<std::string> out;
+  for (const ClientQueueConfig& c : client_queues)
+    out.push_back(c.destination);
+  return out;
+}
+
+bool is_valid_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+AgentConfig parse_agent_config(const Field& root) {
+  root.allow_only({"agent", "server", "secret", "secret_file", "accelerator", "transport",
+                   "log_level", "cpu", "reconnect_interval_ms", "services"});
+  AgentConfig c;
+  c.agent = name_of(root.required("agent"), "agent");
+  const Field server = root.required("server");
+  c.server = config::as_host_port(server);
+  if (c.server.port == 0) server.fail("the server's control port cannot be 0");
+
+  const auto secret = root.optional("secret");
+  const auto secret_file = root.optional("secret_file");
+  if (secret && secret_file) secret_file->fail("give either 'secret' or 'secret_file', not both");
+  if (secret) {
+    c.secret = secret->as_string();
+    if (c.secret.size() < control::kMinSecretBytes) {
+      secret->fail("the shared secret must be at least " +
+                   std::to_string(control::kMinSecretBytes) + " characters");
+    }
+  } else if (secret_file) {
+    c.secret = read_secret_file(*secret_file);
+  } else {
+    root.fail("missing required setting 'secret' or 'secret_file'");
+  }
+
+  if (auto v = root.optional("accelerator")) c.accelerator = parse_accelerator(*v);
+  if (auto v = root.optional("transport")) c.transport = parse_transport(*v);
+  if (auto v = root.optional("log_level")) {
+    c.log_level = v->as_string();
+    static const std::set<std::string> levels{"trace", "debug", "info", "warn", "error", "off"};
+    if (!levels.contains(c.log_level)) {
+      v->fail("'" + c.log_level + "' is not one of: trace, debug, info, warn, error, off");
+    }
+  }
+  if (auto v = root.optional("cpu")) c.cpu = parse_cpu(*v);
+  if (auto v = root.optional("reconnect_interval_ms")) {
+    c.reconnect_interval_ms = static_cast<uint32_t>(v->as_uint(1, 600'000));
+  }
+
+  const Field services = root.required("services");
+  const std::vector<Field> items = services.items();
+  if (items.empty()) services.fail("at least one service is required");
+  std::set<std::string> names;
+  for (const Field& s : items) {
+    c.services.push_back(parse_service(s));
+    if (!names.insert(c.services.back().name).second) {
+      s.required("name").fail("duplicate service name '" + c.services.back().name + "'");
+    }
+  }
+  return c;
+}
+
+AgentConfig load_agent_config(const std::string& path) {
+  return parse_agent_config(config::load_yaml_file(path));
+}
+
+}  // namespace caracal::host

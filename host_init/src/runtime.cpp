@@ -1,0 +1,480 @@
+#include "caracal/host_init/runtime.hpp"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <deque>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "caracal/control/protocol.hpp"
+#include "caracal/host_init/shm_region.hpp"
+
+namespace caracal::host {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+long long ms_of(Clock::duration d) {
+  return std::chrono::duration_cast<milliseconds>(d).count();
+}
+
+// One TCP connection to the server's control endpoint. From the moment it connects it reads
+// continuously, queueing each decoded frame in the inbox; sends are queued and written in order.
+// Completion handlers hold a shared_ptr, so the object outlives its last pending operation
+// after close(). Used only by the thread that runs the io_context.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(asio::io_context& io, std::string peer) : socket_(io), peer_(std::move(peer)) {}
+
+  void start_connect(const tcp::resolver::results_type& endpoints) {
+    asio::async_connect(
+        socket_, endpoints,
+        [self = shared_from_this()](const boost::system::error_code& ec, const tcp::endpoint&) {
+          if (self->closed_) return;
+          if (ec) return self->fail(ec.message());
+          self->connected_ = true;
+          self->read_prefix();
+        });
+  }
+
+  bool connected() const { return connected_; }
+  bool failed() const { return error_.has_value(); }
+  const std::string& error() const { return *error_; }
+  bool has_message() const { return !inbox_.empty(); }
+  const std::string& peer() const { return peer_; }
+
+  std::optional<control::Message> pop() {
+    if (inbox_.empty()) return std::nullopt;
+    control::Message m = std::move(inbox_.front());
+    inbox_.pop_front();
+    return m;
+  }
+
+  void send(const control::Message& m) {
+    if (closed_ || failed()) return;
+    outbox_.push_back(control::encode(m));
+    if (!writing_) write_next();
+  }
+
+  // Records why the connection is unusable (the first reason wins).
+  void fail(std::string why) {
+    if (!error_) error_ = std::move(why);
+  }
+
+  void close() {
+    closed_ = true;
+    boost::system::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+ private:
+  void read_prefix() {
+    asio::async_read(socket_, asio::buffer(prefix_),
+                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                       if (self->closed_) return;
+                       if (ec) return self->fail_read(ec);
+                       Result<uint32_t> n = control::frame_length(self->prefix_.data());
+                       if (!n.ok()) return self->fail(n.status().message());
+                       self->payload_.resize(*n);
+                       self->read_payload();
+                     });
+  }
+
+  void read_payload() {
+    asio::async_read(socket_, asio::buffer(payload_),
+                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                       if (self->closed_) return;
+                       if (ec) return self->fail_read(ec);
+                       Result<control::Message> m =
+                           control::decode(self->payload_, "control " + self->peer_);
+                       if (!m.ok()) return self->fail(m.status().message());
+                       self->inbox_.push_back(std::move(*m));
+                       self->read_prefix();
+                     });
+  }
+
+  void write_next() {
+    writing_ = true;
+    asio::async_write(socket_, asio::buffer(outbox_.front()),
+                      [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                        self->writing_ = false;
+                        if (self->closed_) return;
+                        if (ec)
+                          return self->fail("cannot send to " + self->peer_ + ": " + ec.message());
+                        self->outbox_.pop_front();
+                        if (!self->outbox_.empty()) self->write_next();
+                      });
+  }
+
+  void fail_read(const boost::system::error_code& ec) {
+    fail(ec == asio::error::eof ? "the server closed the connection"
+                                : "cannot read from " + peer_ + ": " + ec.message());
+  }
+
+  tcp::socket socket_;
+  std::string peer_;
+  bool connected_ = false;
+  bool closed_ = false;
+  std::optional<std::string> error_;
+  std::array<std::byte, control::kFramePrefixBytes> prefix_{};
+  std::string payload_;
+  std::deque<control::Message> inbox_;
+  std::deque<std::string> outbox_;  // front: being written
+  bool writing_ = false;
+};
+
+// One region with the accelerator serving it. The accelerator is declared after the region,
+// so it is stopped (destroyed) before the region is unmapped.
+struct ServedRegion {
+  const ServiceConfig* service = nullptr;
+  NamedShmRegion region;
+  std::unique_ptr<ServingAccelerator> accelerator;
+};
+
+// Everything one registration created. Stopping it stops every accelerator, then unmaps the
+// regions (removing any name still there).
+class Session {
+ public:
+  Session() = default;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  ~Session() { stop(); }
+
+  void add(ServedRegion served) { served_.push_back(std::move(served)); }
+  ServedRegion& back() { return served_.back(); }
+  size_t size() const { return served_.size(); }
+
+  void stop() {
+    for (ServedRegion& s : served_) {
+      if (s.accelerator) s.accelerator->stop();
+    }
+    served_.clear();
+  }
+
+ private:
+  std::vector<ServedRegion> served_;
+};
+
+// How a registration ended.
+struct Outcome {
+  enum Kind { kStopped, kLost, kFatal } kind;
+  std::string why;  // kLost
+  Status status;    // kFatal
+};
+
+Outcome stopped() {
+  return Outcome{Outcome::kStopped, {}, {}};
+}
+Outcome lost(std::string why) {
+  return Outcome{Outcome::kLost, std::move(why), {}};
+}
+Outcome fatal(Status status) {
+  return Outcome{Outcome::kFatal, {}, std::move(status)};
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    default:
+      return "a signal";
+  }
+}
+
+}  // namespace
+
+struct AgentRuntime::Impl {
+  Impl(AgentConfig c, HandlerBackends b, RuntimeOptions o)
+      : config(std::move(c)), backends(std::move(b)), options(o), pid(getpid()) {}
+
+  Status run();
+
+  // Runs handlers until `done()` holds, `deadline` passes, or (when `interruptible`) a stop is
+  // requested.
+  template <class Done>
+  void pump_until(Clock::time_point deadline, Done done, bool interruptible = true) {
+    while (!done() && !(interruptible && stop_requested) && Clock::now() < deadline) {
+      io.run_one_until(deadline);
+    }
+  }
+  void sleep_for(milliseconds d) {
+    pump_until(Clock::now() + d, [] { return false; });
+  }
+
+  std::shared_ptr<Connection> connect();
+  Outcome serve(Connection& conn);
+  Status start_service(const ServiceConfig& service, uint64_t epoch, Session& session);
+  void goodbye(Connection& conn, Session& session);
+
+  AgentConfig config;
+  HandlerBackends backends;
+  RuntimeOptions options;
+  pid_t pid;
+  AcceleratorChoice accelerator;
+
+  asio::io_context io;
+  // Keeps run_one_until() waiting for the deadline when nothing is pending.
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  std::optional<asio::signal_set> signals;
+  // Set by handlers, which run on the thread in run() only; other threads post them.
+  bool stop_requested = false;
+  // Written by run(), read by anyone for reporting: relaxed is enough.
+  std::atomic<uint64_t> registrations{0};
+};
+
+std::shared_ptr<Connection> AgentRuntime::Impl::connect() {
+  auto conn = std::make_shared<Connection>(io, config.server.str());
+  tcp::resolver resolver(io);
+  boost::system::error_code ec;
+  const auto endpoints =
+      resolver.resolve(config.server.host, std::to_string(config.server.port), ec);
+  if (ec) {
+    conn->fail("cannot resolve '" + config.server.host + "': " + ec.message());
+    return conn;
+  }
+  conn->start_connect(endpoints);
+  pump_until(Clock::now() + options.connect_timeout,
+             [&] { return conn->connected() || conn->failed(); });
+  if (!conn->connected() && !conn->failed()) {
+    conn->fail(stop_requested ? "stopped while connecting"
+                              : "no connection within " +
+                                    std::to_string(options.connect_timeout.count()) + " ms");
+  }
+  return conn;
+}
+
+Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t epoch,
+                                         Session& session) {
+  const std::string name = region_shm_name(config.agent, pid, service.name);
+  Result<NamedShmRegion> region = NamedShmRegion::create(name, service.geometry(), epoch);
+  if (!region.ok()) {
+    return Status(
+        region.status().code(),
+        "service '" + service.name + "': cannot create its region: " + region.status().message());
+  }
+  StartResult serving = Status(StatusCode::kInternal, "no backend for " + accelerator.str());
+  if (accelerator.kind == AcceleratorKind::kCpu && backends.cpu) {
+    serving = backends.cpu(region->view(), config.cpu);
+  }
+  if (!serving.ok()) {
+    return Status(serving.status().code(), "service '" + service.name + "': cannot start the " +
+                                               accelerator.str() +
+                                               " accelerator: " + serving.status().message());
+  }
+  session.add(ServedRegion{&service, std::move(region).value(), std::move(serving).value()});
+  return Status::ok_status();
+}
+
+void AgentRuntime::Impl::goodbye(Connection& conn, Session& session) {
+  conn.send(control::Bye{});
+  const auto deadline = Clock::now() + options.bye_timeout;
+  bool confirmed = false;
+  // The accelerators keep serving meanwhile: the server sends its bye once the replies in
+  // flight have come back. Heartbeat answers and late messages are dropped.
+  while (!confirmed && !conn.failed() && Clock::now() < deadline) {
+    pump_until(
+        deadline, [&] { return conn.has_message() || conn.failed(); },
+        /*interruptible=*/false);
+    while (auto m = conn.pop()) {
+      if (std::holds_alternative<control::Bye>(*m)) confirmed = true;
+    }
+  }
+  if (confirmed) {
+    spdlog::info("the server confirmed the detach");
+  } else {
+    spdlog::warn("no bye from the server within {} ms ({}); detaching anyway",
+                 options.bye_timeout.count(),
+                 conn.failed() ? conn.error() : std::string("no answer"));
+  }
+  session.stop();
+}
+
+Outcome AgentRuntime::Impl::serve(Connection& conn) {
+  Session session;
+  const uint64_t epoch = fresh_epoch();
+  conn.send(control::Hello{control::kProtocolVersion, config.secret, config.agent, epoch,
+                           accelerator.str()});
+  pump_until(Clock::now() + options.handshake_timeout,
+             [&] { return conn.has_message() || conn.failed(); });
+  if (stop_requested) return stopped();  // not registered yet: nothing to detach
+  if (!conn.has_message()) {
+    return lost(conn.failed() ? conn.error()
+                              : "no answer to hello within " +
+                                    std::to_string(options.handshake_timeout.count()) + " ms");
+  }
+  const control::Message first = *conn.pop();
+  if (const auto* r = std::get_if<control::Refused>(&first)) {
+    return fatal(Status(
+        StatusCode::kUnavailable,
+        "the server at " + conn.peer() + " refused agent '" + config.agent + "': " + r->message));
+  }
+  const auto* welcome = std::get_if<control::Welcome>(&first);
+  if (welcome == nullptr) {
+    return lost(std::string("protocol error: the server answered hello with '") +
+                control::type_name(first) + "'");
+  }
+  const milliseconds heartbeat_interval(welcome->heartbeat_interval_ms);
+  const milliseconds timeout(welcome->agent_timeout_ms);
+  spdlog::info("registered with {} as '{}' (epoch {:016x}); heartbeat every {} ms, timeout {} ms",
+               conn.peer(), config.agent, epoch, heartbeat_interval.count(), timeout.count());
+
+  auto last_heard = Clock::now();
+  auto next_heartbeat = last_heard + heartbeat_interval;
+  size_t next_service = 0;  // the service announced (awaiting) or to announce next
+  bool awaiting = false;
+  for (;;) {
+    if (!awaiting && next_service < config.services.size()) {
+      const ServiceConfig& s = config.services[next_service];
+      if (Status st = start_service(s, epoch, session); !st.ok()) {
+        goodbye(conn, session);
+        return fatal(st);
+      }
+      const NamedShmRegion& r = session.back().region;
+      conn.send(control::RegionAnnounce{s.name, "shm", r.name(), r.bytes(), s.destinations()});
+      awaiting = true;
+    }
+
+    pump_until(std::min(next_heartbeat, last_heard + timeout),
+               [&] { return conn.has_message() || conn.failed(); });
+    if (stop_requested) {
+      spdlog::info("detaching from {}", conn.peer());
+      goodbye(conn, session);
+      return stopped();
+    }
+    while (std::optional<control::Message> m = conn.pop()) {
+      last_heard = Clock::now();
+      if (std::holds_alternative<control::Heartbeat>(*m)) continue;
+      if (const auto* a = std::get_if<control::Attached>(&*m)) {
+        if (!awaiting || a->service != config.services[next_service].name) {
+          return lost("protocol error: 'attached' for service '" + a->service +
+                      "', which is not awaiting attachment");
+        }
+        ServedRegion& served = session.back();
+        if (Status st = served.region.unlink(); !st.ok()) {
+          spdlog::warn("service '{}': {}", a->service, st.message());
+        }
+        const mqueue::RegionHeader& h = served.region.header();
+        spdlog::info(
+            "service '{}' attached: region {} ({} bytes, {} server queue(s), {} client "
+            "queue(s), {} slots of {} bytes); name removed",
+            a->service, served.region.name(), served.region.bytes(), h.server_queue_count,
+            h.client_queue_count, h.ring_capacity, h.slot_bytes);
+        awaiting = false;
+        ++next_service;
+        if (next_service == config.services.size()) {
+          registrations.fetch_add(1, std::memory_order_relaxed);
+          spdlog::info("serving {} service(s) on {}", config.services.size(), accelerator.str());
+        }
+        continue;
+      }
+      if (const auto* r = std::get_if<control::Refused>(&*m)) {
+        const std::string what = r->service.empty() ? "agent '" + config.agent + "'"
+                                                    : "the region of service '" + r->service + "'";
+        Status st(StatusCode::kUnavailable,
+                  "the server at " + conn.peer() + " refused " + what + ": " + r->message);
+        goodbye(conn, session);
+        return fatal(st);
+      }
+      if (std::holds_alternative<control::Bye>(*m)) {
+        return lost("the server ended the session (bye)");
+      }
+      return lost(std::string("protocol error: unexpected '") + control::type_name(*m) +
+                  "' message from the server");
+    }
+    if (conn.failed()) return lost(conn.error());
+
+    const auto now = Clock::now();
+    if (now - last_heard >= timeout) {
+      return lost("no answer from the server for " + std::to_string(ms_of(now - last_heard)) +
+                  " ms");
+    }
+    if (now >= next_heartbeat) {
+      conn.send(control::Heartbeat{});
+      next_heartbeat = now + heartbeat_interval;
+    }
+  }
+}
+
+Status AgentRuntime::Impl::run() {
+  Result<AcceleratorChoice> choice = resolve_accelerator(config.accelerator);
+  if (!choice.ok()) return choice.status();
+  accelerator = *choice;
+  if (options.handle_signals) {
+    signals.emplace(io, SIGINT, SIGTERM);
+    signals->async_wait([this](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      spdlog::info("received {}; stopping", signal_name(sig));
+      stop_requested = true;
+    });
+  }
+  spdlog::info(
+      "agent '{}' (pid {}): {} service(s) on accelerator {} ({}), transport shm, server {}",
+      config.agent, pid, config.services.size(), accelerator.str(), config.accelerator.str(),
+      config.server.str());
+
+  bool unreachable_logged = false;
+  while (!stop_requested) {
+    std::shared_ptr<Connection> conn = connect();
+    if (!conn->connected()) {
+      conn->close();
+      if (stop_requested) break;
+      if (!unreachable_logged) {
+        spdlog::warn("server {} is not reachable ({}); retrying every {} ms", config.server.str(),
+                     conn->error(), config.reconnect_interval_ms);
+        unreachable_logged = true;
+      } else {
+        spdlog::debug("server {} is not reachable ({})", config.server.str(), conn->error());
+      }
+      sleep_for(milliseconds(config.reconnect_interval_ms));
+      continue;
+    }
+    unreachable_logged = false;
+    spdlog::info("connected to {}", conn->peer());
+    Outcome outcome = serve(*conn);
+    conn->close();
+    if (outcome.kind == Outcome::kStopped) break;
+    if (outcome.kind == Outcome::kFatal) return outcome.status;
+    spdlog::warn(
+        "lost the server: {}; accelerators stopped and regions dropped, registering "
+        "again with a new epoch",
+        outcome.why);
+    sleep_for(milliseconds(config.reconnect_interval_ms));
+  }
+  spdlog::info("agent '{}' stopped", config.agent);
+  return Status::ok_status();
+}
+
+AgentRuntime::AgentRuntime(AgentConfig config, HandlerBackends backends, RuntimeOptions options)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(backends), options)) {}
+
+AgentRuntime::~AgentRuntime() = default;
+
+Status AgentRuntime::run() {
+  return impl_->run();
+}
+
+void AgentRuntime::request_stop() {
+  Impl* impl = impl_.get();
+  asio::post(impl->io, [impl] { impl->stop_requested = true; });
+}
+
+uint64_t AgentRuntime::registrations() const {
+  return impl_->registrations.load(std::memory_order_relaxed);
+}
+
+}  // namespace caracal::host

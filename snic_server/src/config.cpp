@@ -53,11 +53,20 @@ ControlConfig parse_control(const Field& f) {
 }
 
 ListenerConfig parse_listener(const Field& f, uint32_t max_message_bytes) {
-  f.allow_only({"protocol", "listen", "framing"});
+  f.allow_only({"protocol", "listen", "framing", "error_reply", "max_pipeline"});
   ListenerConfig l;
   l.protocol = f.required("protocol")
                    .as_choice<Protocol>({{"udp", Protocol::kUdp}, {"tcp", Protocol::kTcp}});
   l.listen = config::as_host_port(f.required("listen"));
+  if (auto e = f.optional("error_reply")) {
+    l.error_reply = e->as_string();
+    if (l.error_reply->find("{reason}") == std::string::npos) {
+      e->fail("an error reply must contain {reason} (where the error text goes)");
+    }
+  }
+  if (auto p = f.optional("max_pipeline")) {
+    l.max_pipeline = static_cast<uint32_t>(p->as_uint(1, 1u << 20));
+  }
   const auto framing = f.optional("framing");
   if (l.protocol == Protocol::kUdp) {
     if (framing) framing->fail("UDP listeners take no framing: one datagram is one message");

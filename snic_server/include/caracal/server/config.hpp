@@ -19,6 +19,8 @@
 //         - protocol: tcp
 //           listen: 0.0.0.0:7001
 //           framing: { kind: length_prefixed, prefix_bytes: 4, byte_order: big }
+//           error_reply: "ERROR {reason}"   # optional, see ListenerConfig
+//           max_pipeline: 4096              # optional
 //   destinations:                  # what client queues call
 //     - name: memcached
 //       connect: 127.0.0.1:11211
@@ -42,6 +44,12 @@ struct ListenerConfig {
   Protocol protocol = Protocol::kUdp;
   config::HostPort listen;
   FramingConfig framing;  // TCP only
+  // What a client gets when its request fails (handler error, lost agent, no agent, oversize):
+  // this text with {reason} replaced, framed like any reply. Without it, a TCP connection
+  // sends the replies before the failed request and closes; UDP drops the request, counted.
+  std::optional<std::string> error_reply;
+  // TCP: requests of one connection read and not yet answered before it stops reading.
+  uint32_t max_pipeline = 4096;
 };
 
 struct ServiceConfig {

@@ -1,0 +1,63 @@
+// Where agents register (control/protocol.hpp has the messages). Each agent connection is a
+// session: hello with the shared secret (compared in constant time), then one region per
+// service, each validated before the server touches it, then heartbeats. A session whose
+// connection closes or whose heartbeats stop is lost: its regions leave dispatch and their
+// requests in flight fail visibly. A later hello with the same agent name and a new epoch
+// replaces a registration that is still there (the agent restarted before we noticed).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "caracal/mqueue/status.hpp"
+#include "caracal/server/config.hpp"
+#include "caracal/server/destinations.hpp"
+#include "caracal/server/engine.hpp"
+#include "caracal/server/metrics.hpp"
+#include "caracal/server/service.hpp"
+
+namespace caracal::server {
+
+class ControlSession;
+
+class ControlEndpoint {
+ public:
+  ControlEndpoint(boost::asio::io_context& io, const ServerConfig& config, Engine& engine,
+                  std::map<std::string, Service*> services, Destinations& destinations,
+                  Registry& metrics);
+  ~ControlEndpoint();
+
+  Status listen();
+  uint16_t port() const { return port_; }
+  // Stops accepting and drops every session (their regions are failed).
+  void stop();
+
+  size_t agent_count() const;
+
+ private:
+  friend class ControlSession;
+  void accept();
+  // Registers `session` as the live one for its agent name; the previous one is lost.
+  std::shared_ptr<ControlSession> take_name(const std::string& agent,
+                                            std::shared_ptr<ControlSession> session);
+  void forget(const std::string& agent, const ControlSession* session);
+
+  boost::asio::io_context& io_;
+  const ServerConfig& config_;
+  Engine& engine_;
+  std::map<std::string, Service*> services_;
+  Destinations& destinations_;
+  Registry& metrics_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  uint16_t port_ = 0;
+
+  mutable std::mutex m_;
+  std::map<std::string, std::weak_ptr<ControlSession>> agents_;
+  std::vector<std::weak_ptr<ControlSession>> sessions_;
+};
+
+}  // namespace caracal::server

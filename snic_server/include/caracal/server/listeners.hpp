@@ -1,0 +1,57 @@
+// The network front: UDP and TCP listeners through Boost.Asio.
+//
+// UDP: one datagram is one message; the reply goes to the sender's address from the same
+// port. With several I/O threads the listener opens one socket per thread on the same port
+// (SO_REUSEPORT), so the kernel spreads datagrams over them. A datagram longer than the
+// service's max_message_bytes, or one that finds every queue congested, is dropped and counted.
+//
+// TCP: per-listener framing (framing.hpp). Each connection keeps its requests in order: it
+// numbers them, and replies (which may come back out of order from different queues) leave in
+// that order. A connection stops reading when it has max_pipeline requests unanswered, or when
+// the service's queues are congested (backpressure), and resumes when there is room again.
+// Malformed or oversize input closes that connection, with the reason logged (after an error
+// reply if the listener has error_reply).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "caracal/mqueue/status.hpp"
+#include "caracal/server/config.hpp"
+#include "caracal/server/metrics.hpp"
+#include "caracal/server/reply.hpp"
+
+namespace caracal::server {
+
+class Service;
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // Binds and starts serving; the error names the address.
+  virtual Status start() = 0;
+  // Stops taking new connections and datagrams; connections finish the requests they have.
+  virtual void stop() = 0;
+  // Closes every connection now.
+  virtual void close_all() = 0;
+  virtual uint16_t port() const = 0;
+  virtual const std::string& name() const = 0;
+};
+
+struct ListenerDeps {
+  boost::asio::io_context& io;
+  Service& service;
+  ReplyTable& replies;
+  Registry& metrics;
+  uint32_t io_threads = 1;
+};
+
+std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps);
+
+// The error text a listener sends for a failed request, or nothing if it sends none.
+std::optional<std::string> format_error_reply(const ListenerConfig& config,
+                                              const std::string& reason);
+
+}  // namespace caracal::server

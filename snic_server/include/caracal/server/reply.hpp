@@ -1,0 +1,105 @@
+// Where a reply goes. The server puts a reply address in the token of every request it writes
+// into an RX ring, and the handler copies it to its response:
+//
+//   token = slot (20 bits) | generation (20 bits) | sequence (24 bits)
+//
+// A slot is a TCP connection or one UDP request in flight. A slot's generation changes every
+// time it is released, so a reply that arrives after its connection closed (and the slot was
+// given to another client) never matches: it is dropped and counted. The sequence orders the
+// replies of one TCP connection.
+#pragma once
+
+#include <boost/asio/ip/udp.hpp>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace caracal::server {
+
+inline constexpr uint32_t kTokenSlotBits = 20;
+inline constexpr uint32_t kTokenGenerationBits = 20;
+inline constexpr uint32_t kTokenSequenceBits = 24;
+inline constexpr uint32_t kTokenSequenceMask = (1u << kTokenSequenceBits) - 1;
+inline constexpr uint32_t kTokenGenerationMask = (1u << kTokenGenerationBits) - 1;
+inline constexpr uint32_t kMaxReplySlots = 1u << kTokenSlotBits;
+
+struct TokenParts {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  uint32_t sequence = 0;
+};
+
+constexpr uint64_t make_token(uint32_t slot, uint32_t generation, uint32_t sequence) {
+  return (uint64_t{slot} << (kTokenGenerationBits + kTokenSequenceBits)) |
+         (uint64_t{generation & kTokenGenerationMask} << kTokenSequenceBits) |
+         (sequence & kTokenSequenceMask);
+}
+constexpr TokenParts split_token(uint64_t token) {
+  return {static_cast<uint32_t>(token >> (kTokenGenerationBits + kTokenSequenceBits)),
+          static_cast<uint32_t>(token >> kTokenSequenceBits) & kTokenGenerationMask,
+          static_cast<uint32_t>(token) & kTokenSequenceMask};
+}
+
+// What comes back for one request.
+struct Reply {
+  enum class Kind : uint8_t {
+    kData,     // the handler's response
+    kNoReply,  // the handler answers nothing (kSlotNoReply)
+    kError,    // the handler's error text, or the server's (agent lost, no agent, ...)
+  };
+  Kind kind = Kind::kData;
+  std::string bytes;  // payload, or the error text
+};
+
+// A TCP connection, or a UDP listener for its requests. deliver() is called from the engine
+// thread and must hand the work to the sink's own executor quickly.
+class ReplySink {
+ public:
+  virtual ~ReplySink() = default;
+  virtual void deliver(uint64_t token, const boost::asio::ip::udp::endpoint& peer, Reply reply) = 0;
+};
+
+// The slots. acquire/release/route are thread-safe; each slot has its own lock, so the engine
+// routing a reply never waits for unrelated connections.
+class ReplyTable {
+ public:
+  explicit ReplyTable(uint32_t capacity);
+
+  // A free slot bound to `sink` (and, for UDP, the peer to answer). The token base has
+  // sequence 0. Empty when every slot is taken.
+  std::optional<uint64_t> acquire(std::shared_ptr<ReplySink> sink,
+                                  const boost::asio::ip::udp::endpoint& peer = {});
+  // Frees the slot of `token` if its generation still matches; later replies to it drop.
+  void release(uint64_t token);
+
+  // The sink and peer of a token whose slot is still bound to the same generation.
+  struct Route {
+    std::shared_ptr<ReplySink> sink;
+    boost::asio::ip::udp::endpoint peer;
+  };
+  std::optional<Route> route(uint64_t token) const;
+
+  uint32_t capacity() const { return static_cast<uint32_t>(slots_.size()); }
+  uint32_t in_use() const;
+
+ private:
+  struct Slot {
+    mutable std::mutex m;
+    uint32_t generation = 0;
+    bool bound = false;
+    std::shared_ptr<ReplySink> sink;
+    boost::asio::ip::udp::endpoint peer;
+  };
+  std::vector<Slot> slots_;
+  mutable std::mutex free_m_;
+  // FIFO of free slots: a released slot is reused as late as possible, so generations of one
+  // slot wrap only after every other slot has been used 2^20 times.
+  std::vector<uint32_t> free_;
+  size_t free_head_ = 0;
+  size_t free_count_ = 0;
+};
+
+}  // namespace caracal::server

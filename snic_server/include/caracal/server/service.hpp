@@ -1,0 +1,104 @@
+// One service: its listeners feed it requests, and its dispatcher spreads them over the server
+// queues of the agents that registered a region for it.
+//
+// Policies (config `dispatch`):
+//  - round_robin: the next queue in turn;
+//  - least_loaded: the queue with the fewest requests dispatched and not yet answered;
+//  - flow_affinity: a flow (a TCP connection, a UDP peer) always goes to the same queue while
+//    the set of queues does not change.
+// Replies on one TCP connection leave in request order under every policy (the connection
+// reorders them by sequence); flow_affinity only saves the reordering.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "caracal/server/config.hpp"
+#include "caracal/server/engine.hpp"
+#include "caracal/server/metrics.hpp"
+#include "caracal/server/reply.hpp"
+
+namespace caracal::server {
+
+enum class DispatchStatus : uint8_t {
+  kQueued,     // in a queue's inbox; the reply will come through the token
+  kCongested,  // queued, but the queue holds a ring's worth of waiting requests: stop reading
+  kFull,       // not queued: every queue is congested (UDP drops it)
+  kNoAgent,    // not queued: no agent serves the service
+};
+
+class Service {
+ public:
+  Service(const ServiceConfig& config, Engine& engine, Registry& metrics);
+  ~Service();
+
+  const std::string& name() const { return config_.name; }
+  const ServiceConfig& config() const { return config_; }
+
+  // Sends a request to a queue chosen by the policy. `flow` identifies the connection or peer
+  // for flow_affinity. `may_exceed` queues it even on a congested queue (TCP has already read
+  // it); otherwise a congested queue refuses it (kFull).
+  DispatchStatus dispatch(uint64_t token, std::string bytes, uint64_t flow, bool may_exceed);
+
+  // Membership, from the control endpoint. add() fails if the region cannot carry the
+  // service's largest message (the reason is returned).
+  Status add(std::shared_ptr<AgentRegion> region);
+  void remove(const AgentRegion* region);
+  void remove_all();
+  size_t queue_count() const;
+
+  // Backpressure: a TCP connection that stopped reading registers how to resume it; it is
+  // resumed at once if no queue is congested any more, else when the engine next makes room.
+  void park(std::function<void()> resume);
+  // Engine thread: entries left some inbox for a ring.
+  void on_room();
+
+  // Accounting (any thread).
+  void count_request() { requests_.inc(); }
+  void count_answer(const Reply& reply, std::chrono::steady_clock::duration latency);
+  void count_drop(const std::string& reason);
+
+ private:
+  struct Target {
+    std::shared_ptr<AgentRegion> region;
+    uint32_t queue = 0;
+    uint32_t high_water = 0;  // waiting entries at which the queue counts as congested
+  };
+  using Targets = std::vector<Target>;
+
+  std::shared_ptr<const Targets> targets() const {
+    return std::atomic_load_explicit(&targets_, std::memory_order_acquire);
+  }
+  bool congested(const Target& t) const;
+  bool any_congested() const;
+  size_t pick(const Targets& t, uint64_t flow);
+
+  ServiceConfig config_;
+  Engine& engine_;
+  Registry& metrics_;
+
+  // Copy-on-write: dispatch reads a snapshot without locking; add/remove (rare) publish a new
+  // vector under membership_m_ with a release store that pairs with targets()'s acquire.
+  std::shared_ptr<const Targets> targets_;
+  std::mutex membership_m_;
+  std::vector<uint64_t> queue_metric_ids_;
+  std::vector<std::pair<const AgentRegion*, uint64_t>> metric_callbacks_;
+
+  std::atomic<uint64_t> round_robin_{0};
+
+  std::mutex parked_m_;
+  std::vector<std::function<void()>> parked_;
+
+  Counter& requests_;
+  Counter& replies_;
+  Counter& errors_;
+  Histogram& latency_;
+};
+
+}  // namespace caracal::server

@@ -1,0 +1,429 @@
+#include "caracal/server/control_endpoint.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <deque>
+
+#include "caracal/control/protocol.hpp"
+
+namespace caracal::server {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+using Clock = std::chrono::steady_clock;
+
+class ControlSession : public std::enable_shared_from_this<ControlSession> {
+ public:
+  ControlSession(ControlEndpoint& endpoint, tcp::socket socket)
+      : ep_(endpoint), socket_(std::move(socket)), timer_(socket_.get_executor()) {
+    error_code ec;
+    const auto peer = socket_.remote_endpoint(ec);
+    origin_ = "control " + (ec ? std::string("?")
+                               : peer.address().to_string() + ":" + std::to_string(peer.port()));
+  }
+
+  void start() {
+    last_heard_ = Clock::now();
+    arm_timer();
+    read_prefix();
+  }
+
+  // Drops the session from outside (server shutdown, or replaced by a new epoch).
+  void lose_later(std::string reason) {
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this(), r = std::move(reason)] { self->lose(r); });
+  }
+
+  const std::string& agent() const { return hello_.agent; }
+
+ private:
+  void arm_timer() {
+    timer_.expires_after(std::chrono::milliseconds(ep_.config_.control.agent_timeout_ms / 4 + 1));
+    timer_.async_wait([self = shared_from_this()](error_code ec) {
+      if (ec || self->closed_) return;
+      const auto silent = Clock::now() - self->last_heard_;
+      const auto limit = std::chrono::milliseconds(self->ep_.config_.control.agent_timeout_ms);
+      if (silent > limit) {
+        self->lose(
+            "no heartbeat for " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+            " ms");
+        return;
+      }
+      self->arm_timer();
+    });
+  }
+
+  void read_prefix() {
+    asio::async_read(socket_, asio::buffer(prefix_),
+                     [self = shared_from_this()](error_code ec, size_t) {
+                       if (self->closed_) return;
+                       if (ec) {
+                         self->lose(ec == asio::error::eof ? "connection closed"
+                                                           : "read failed: " + ec.message());
+                         return;
+                       }
+                       Result<uint32_t> n = control::frame_length(self->prefix_.data());
+                       if (!n.ok()) {
+                         self->refuse_and_close("", n.status().message());
+                         return;
+                       }
+                       self->body_.resize(*n);
+                       self->read_body();
+                     });
+  }
+
+  void read_body() {
+    asio::async_read(socket_, asio::buffer(body_),
+                     [self = shared_from_this()](error_code ec, size_t) {
+                       if (self->closed_) return;
+                       if (ec) {
+                         self->lose("read failed: " + ec.message());
+                         return;
+                       }
+                       self->last_heard_ = Clock::now();
+                       Result<control::Message> m = control::decode(self->body_, self->origin_);
+                       if (!m.ok()) {
+                         self->refuse_and_close("", m.status().message());
+                         return;
+                       }
+                       if (self->handle(*m)) self->read_prefix();
+                     });
+  }
+
+  // Returns whether to keep reading.
+  bool handle(const control::Message& message) {
+    if (!hello_done_) {
+      const auto* hello = std::get_if<control::Hello>(&message);
+      if (hello == nullptr) {
+        refuse_and_close(
+            "", "the first message must be hello, not " + std::string(control::type_name(message)));
+        return false;
+      }
+      return on_hello(*hello);
+    }
+    if (const auto* region = std::get_if<control::RegionAnnounce>(&message)) {
+      on_region(*region);
+      return true;
+    }
+    if (std::holds_alternative<control::Heartbeat>(message)) {
+      send(control::Heartbeat{});
+      return true;
+    }
+    if (std::holds_alternative<control::Bye>(message)) {
+      on_bye();
+      return false;
+    }
+    refuse_and_close("", std::string("unexpected ") + control::type_name(message) + " message");
+    return false;
+  }
+
+  bool on_hello(const control::Hello& hello) {
+    if (!control::secrets_equal(hello.secret, ep_.config_.control.secret)) {
+      spdlog::warn("{}: agent '{}' refused: wrong secret", origin_, hello.agent);
+      refuse_and_close("", "authentication failed: wrong secret");
+      return false;
+    }
+    hello_ = hello;
+    hello_done_ = true;
+    std::shared_ptr<ControlSession> previous = ep_.take_name(hello.agent, shared_from_this());
+    if (previous) {
+      if (previous->hello_.epoch == hello.epoch) {
+        // Same name and epoch: a second connection of a live agent, not a restart.
+        ep_.take_name(hello.agent, previous);
+        hello_done_ = false;
+        refuse_and_close("", "agent '" + hello.agent + "' with this epoch is already registered");
+        return false;
+      }
+      previous->lose_later("replaced by a new registration of the agent with a new epoch");
+    }
+    spdlog::info("{}: agent '{}' registered (epoch {:016x}, accelerator {})", origin_, hello.agent,
+                 hello.epoch, hello.accelerator.empty() ? "?" : hello.accelerator);
+    send(control::Welcome{ep_.config_.control.heartbeat_interval_ms,
+                          ep_.config_.control.agent_timeout_ms});
+    return true;
+  }
+
+  void on_region(const control::RegionAnnounce& r) {
+    const std::string what = "agent '" + hello_.agent + "' region for service '" + r.service + "'";
+    auto svc = ep_.services_.find(r.service);
+    if (svc == ep_.services_.end()) {
+      std::string known;
+      for (const auto& [name, s] : ep_.services_)
+        known += (known.empty() ? "" : ", ") + name;
+      return refuse_region(r.service, what + ": no such service (configured: " + known + ")");
+    }
+    for (const auto& a : regions_) {
+      if (a->service() == svc->second) {
+        return refuse_region(r.service, what + ": this agent already serves the service");
+      }
+    }
+    for (size_t c = 0; c < r.destinations.size(); ++c) {
+      if (!ep_.destinations_.has(r.destinations[c])) {
+        return refuse_region(
+            r.service, what + ": destinations[" + std::to_string(c) + "]: '" + r.destinations[c] +
+                           "' is not a destination (configured: " + ep_.destinations_.names() +
+                           ")");
+      }
+    }
+    Result<std::unique_ptr<RegionBinding>> binding = bind_shm_region(r.shm_name, r.region_bytes);
+    if (!binding.ok()) return refuse_region(r.service, what + ": " + binding.status().message());
+    const mqueue::RegionHeader& h = (*binding)->header();
+    if (h.agent_epoch != hello_.epoch) {
+      return refuse_region(r.service,
+                           what + ": the region's epoch " + std::to_string(h.agent_epoch) +
+                               " is not the agent's epoch " + std::to_string(hello_.epoch));
+    }
+    if (h.client_queue_count != r.destinations.size()) {
+      return refuse_region(r.service,
+                           what + ": the region has " + std::to_string(h.client_queue_count) +
+                               " client queues but " + std::to_string(r.destinations.size()) +
+                               " destinations were named");
+    }
+    auto region = std::make_shared<AgentRegion>(hello_.agent, hello_.epoch, svc->second,
+                                                std::move(binding).value());
+    std::vector<std::shared_ptr<ClientLink>> links;
+    for (uint32_t c = 0; c < h.client_queue_count; ++c) {
+      links.push_back(ep_.destinations_.make_link(
+          r.destinations[c], region->inbox_ptr(mqueue::client_queue_index(h, c))));
+    }
+    region->set_links(std::move(links));
+    if (Status s = svc->second->add(region); !s.ok()) {
+      return refuse_region(r.service, what + ": " + s.message());
+    }
+    ep_.engine_.attach(region);
+    regions_.push_back(region);
+    spdlog::info(
+        "{}: {} attached: {} server queue(s), {} client queue(s), {} slots of {} B, "
+        "messages up to {} B",
+        origin_, what, h.server_queue_count, h.client_queue_count, h.ring_capacity, h.slot_bytes,
+        h.max_message_bytes);
+    send(control::Attached{r.service});
+  }
+
+  void refuse_region(const std::string& service, const std::string& message) {
+    spdlog::warn("{}: {}", origin_, message);
+    send(control::Refused{service, message});
+  }
+
+  void on_bye() {
+    spdlog::info("{}: agent '{}' is leaving; draining {} region(s)", origin_, hello_.agent,
+                 regions_.size());
+    detaching_ = true;
+    timer_.cancel();
+    auto remaining = std::make_shared<size_t>(regions_.size());
+    if (regions_.empty()) {
+      finish_bye();
+      return;
+    }
+    for (auto& region : regions_) {
+      region->service()->remove(region.get());
+      ep_.engine_.detach(region, std::chrono::seconds(5), [self = shared_from_this(), remaining] {
+        asio::post(self->socket_.get_executor(), [self, remaining] {
+          if (--*remaining == 0) self->finish_bye();
+        });
+      });
+    }
+  }
+
+  void finish_bye() {
+    regions_.clear();
+    ep_.forget(hello_.agent, this);
+    spdlog::info("{}: agent '{}' detached", origin_, hello_.agent);
+    send(control::Bye{});
+    close_after_write_ = true;
+    maybe_close();
+  }
+
+  // The agent is gone (or must go): out of dispatch, requests in flight failed.
+  void lose(const std::string& reason) {
+    if (closed_) return;
+    if (!regions_.empty()) {
+      spdlog::warn("{}: agent '{}' lost: {}", origin_, hello_.agent, reason);
+    } else {
+      spdlog::info("{}: {}", origin_, reason);
+    }
+    for (auto& region : regions_) {
+      region->service()->remove(region.get());
+      if (!detaching_) {
+        ep_.engine_.fail(region, "agent " + hello_.agent + " lost: " + reason);
+      }
+    }
+    regions_.clear();
+    if (hello_done_) ep_.forget(hello_.agent, this);
+    close();
+  }
+
+  void refuse_and_close(const std::string& service, const std::string& message) {
+    spdlog::warn("{}: {}", origin_, message);
+    send(control::Refused{service, message});
+    close_after_write_ = true;
+    for (auto& region : regions_) {
+      region->service()->remove(region.get());
+      ep_.engine_.fail(region, "agent " + hello_.agent + " refused: " + message);
+    }
+    regions_.clear();
+    if (hello_done_) ep_.forget(hello_.agent, this);
+    maybe_close();
+  }
+
+  void send(const control::Message& m) {
+    out_.push_back(control::encode(m));
+    write();
+  }
+
+  void write() {
+    if (writing_ || out_.empty() || closed_) return;
+    writing_ = true;
+    asio::async_write(socket_, asio::buffer(out_.front()),
+                      [self = shared_from_this()](error_code ec, size_t) {
+                        self->writing_ = false;
+                        self->out_.pop_front();
+                        if (ec) {
+                          self->lose("write failed: " + ec.message());
+                          return;
+                        }
+                        self->write();
+                        self->maybe_close();
+                      });
+  }
+
+  void maybe_close() {
+    if (close_after_write_ && !writing_ && out_.empty()) close();
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    timer_.cancel();
+    error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
+
+  ControlEndpoint& ep_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::string origin_;
+  std::array<std::byte, control::kFramePrefixBytes> prefix_{};
+  std::string body_;
+  std::deque<std::string> out_;
+  bool writing_ = false;
+  bool close_after_write_ = false;
+  bool closed_ = false;
+  bool hello_done_ = false;
+  bool detaching_ = false;
+  control::Hello hello_;
+  Clock::time_point last_heard_;
+  std::vector<std::shared_ptr<AgentRegion>> regions_;
+};
+
+ControlEndpoint::ControlEndpoint(asio::io_context& io, const ServerConfig& config, Engine& engine,
+                                 std::map<std::string, Service*> services,
+                                 Destinations& destinations, Registry& metrics)
+    : io_(io),
+      config_(config),
+      engine_(engine),
+      services_(std::move(services)),
+      destinations_(destinations),
+      metrics_(metrics),
+      acceptor_(io) {
+  metrics_.gauge("caracal_agents", "Agents registered now");
+}
+
+ControlEndpoint::~ControlEndpoint() {
+  stop();
+}
+
+Status ControlEndpoint::listen() {
+  error_code ec;
+  const auto address = asio::ip::make_address(
+      config_.control.listen.host == "localhost" ? "127.0.0.1" : config_.control.listen.host, ec);
+  if (ec) {
+    return invalid_argument("control.listen: '" + config_.control.listen.host +
+                            "' is not an IP address");
+  }
+  const tcp::endpoint ep(address, config_.control.listen.port);
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status(StatusCode::kIoError, "control endpoint: cannot listen on " +
+                                            config_.control.listen.str() + ": " + ec.message());
+  }
+  port_ = acceptor_.local_endpoint(ec).port();
+  accept();
+  return Status::ok_status();
+}
+
+void ControlEndpoint::accept() {
+  acceptor_.async_accept(asio::make_strand(io_), [this](error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec) {
+      spdlog::warn("control endpoint: accept failed: {}", ec.message());
+    } else {
+      error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      auto s = std::make_shared<ControlSession>(*this, std::move(socket));
+      {
+        std::lock_guard lock(m_);
+        std::erase_if(sessions_, [](const auto& w) { return w.expired(); });
+        sessions_.push_back(s);
+      }
+      s->start();
+    }
+    accept();
+  });
+}
+
+void ControlEndpoint::stop() {
+  error_code ec;
+  acceptor_.close(ec);
+  std::vector<std::shared_ptr<ControlSession>> live;
+  {
+    std::lock_guard lock(m_);
+    for (auto& w : sessions_) {
+      if (auto s = w.lock()) live.push_back(std::move(s));
+    }
+    sessions_.clear();
+  }
+  for (auto& s : live)
+    s->lose_later("server shutting down");
+}
+
+std::shared_ptr<ControlSession> ControlEndpoint::take_name(
+    const std::string& agent, std::shared_ptr<ControlSession> session) {
+  std::lock_guard lock(m_);
+  std::weak_ptr<ControlSession>& slot = agents_[agent];
+  std::shared_ptr<ControlSession> previous = slot.lock();
+  slot = session;
+  metrics_.gauge("caracal_agents", "Agents registered now")
+      .set(static_cast<int64_t>(std::count_if(
+          agents_.begin(), agents_.end(), [](const auto& kv) { return !kv.second.expired(); })));
+  return previous == session ? nullptr : previous;
+}
+
+void ControlEndpoint::forget(const std::string& agent, const ControlSession* session) {
+  std::lock_guard lock(m_);
+  auto it = agents_.find(agent);
+  if (it != agents_.end()) {
+    auto s = it->second.lock();
+    if (!s || s.get() == session) agents_.erase(it);
+  }
+  metrics_.gauge("caracal_agents", "Agents registered now")
+      .set(static_cast<int64_t>(std::count_if(
+          agents_.begin(), agents_.end(), [](const auto& kv) { return !kv.second.expired(); })));
+}
+
+size_t ControlEndpoint::agent_count() const {
+  std::lock_guard lock(m_);
+  return agents_.size();
+}
+
+}  // namespace caracal::server

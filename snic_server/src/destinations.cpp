@@ -1,0 +1,246 @@
+#include "caracal/server/destinations.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <deque>
+
+#include "caracal/mqueue/layout.hpp"
+#include "caracal/server/framing.hpp"
+
+namespace caracal::server {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+
+namespace {
+
+class TcpClientLink final : public ClientLink, public std::enable_shared_from_this<TcpClientLink> {
+ public:
+  TcpClientLink(asio::io_context& io, const DestinationConfig& config, Codec codec,
+                std::shared_ptr<QueueInbox> inbox, Engine& engine, Registry& metrics)
+      : config_(config),
+        codec_(std::move(codec)),
+        inbox_(std::move(inbox)),
+        engine_(engine),
+        strand_(asio::make_strand(io)),
+        socket_(strand_),
+        resolver_(strand_),
+        calls_(metrics.counter("caracal_destination_calls_total",
+                               "Requests handlers sent to the destination",
+                               {{"destination", config.name}})),
+        failures_(metrics.counter("caracal_destination_failures_total",
+                                  "Calls answered with an error (connection failed, bad reply)",
+                                  {{"destination", config.name}})) {
+    buffer_.resize(size_t{config_.framing.max_message_bytes} + 64 * 1024);
+  }
+
+  void send(uint64_t token, std::string bytes) override {
+    asio::post(strand_, [self = shared_from_this(), token, b = std::move(bytes)]() mutable {
+      self->enqueue(token, std::move(b));
+    });
+  }
+
+  void close() override {
+    asio::post(strand_, [self = shared_from_this()] {
+      self->closed_ = true;
+      error_code ec;
+      self->socket_.close(ec);
+    });
+  }
+
+ private:
+  std::string where() const {
+    return "destination " + config_.name + " (" + config_.connect.str() + ")";
+  }
+
+  void enqueue(uint64_t token, std::string bytes) {
+    if (closed_) return;
+    calls_.inc();
+    if (!codec_.can_frame(bytes.size())) {
+      answer(token,
+             where() + ": a request of " + std::to_string(bytes.size()) + " bytes cannot be framed",
+             mqueue::kSlotError);
+      return;
+    }
+    std::byte header[Codec::header_capacity()];
+    const size_t n = codec_.encode_header(bytes.size(), header);
+    out_.append(reinterpret_cast<const char*>(header), n);
+    out_.append(bytes);
+    const auto trailer = codec_.trailer();
+    out_.append(reinterpret_cast<const char*>(trailer.data()), trailer.size());
+    waiting_.push_back(token);
+    if (connected_) {
+      write();
+    } else {
+      connect();
+    }
+  }
+
+  void connect() {
+    if (connecting_) return;
+    connecting_ = true;
+    resolver_.async_resolve(
+        config_.connect.host, std::to_string(config_.connect.port),
+        [self = shared_from_this()](error_code ec, tcp::resolver::results_type results) {
+          if (self->closed_) return;
+          if (ec) {
+            self->fail_all("cannot resolve: " + ec.message());
+            return;
+          }
+          asio::async_connect(self->socket_, results, [self](error_code ec2, const tcp::endpoint&) {
+            if (self->closed_) return;
+            self->connecting_ = false;
+            if (ec2) {
+              self->fail_all("cannot connect: " + ec2.message());
+              return;
+            }
+            error_code ignored;
+            self->socket_.set_option(tcp::no_delay(true), ignored);
+            self->connected_ = true;
+            spdlog::info("{}: connected", self->where());
+            self->read();
+            self->write();
+          });
+        });
+  }
+
+  void write() {
+    if (writing_ || out_.empty() || !connected_) return;
+    writing_ = true;
+    wbuf_.swap(out_);
+    asio::async_write(socket_, asio::buffer(wbuf_),
+                      [self = shared_from_this()](error_code ec, size_t) {
+                        self->writing_ = false;
+                        self->wbuf_.clear();
+                        if (self->closed_) return;
+                        if (ec) {
+                          self->fail_all("write failed: " + ec.message());
+                          return;
+                        }
+                        self->write();
+                      });
+  }
+
+  void read() {
+    if (end_ == buffer_.size() && begin_ != 0) {
+      std::memmove(buffer_.data(), buffer_.data() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    socket_.async_read_some(asio::buffer(buffer_.data() + end_, buffer_.size() - end_),
+                            [self = shared_from_this()](error_code ec, size_t n) {
+                              if (self->closed_ || !self->connected_) return;
+                              if (ec) {
+                                self->fail_all(ec == asio::error::eof
+                                                   ? "closed the connection"
+                                                   : "read failed: " + ec.message());
+                                return;
+                              }
+                              self->end_ += n;
+                              self->on_bytes();
+                            });
+  }
+
+  void on_bytes() {
+    for (;;) {
+      const Decoded d = codec_.decode(std::span<const std::byte>(
+          reinterpret_cast<const std::byte*>(buffer_.data() + begin_), end_ - begin_));
+      if (d.status == DecodeStatus::kNeedMore) break;
+      if (d.status == DecodeStatus::kMalformed) {
+        fail_all("malformed reply: " + d.error);
+        return;
+      }
+      if (waiting_.empty()) {
+        fail_all("sent a reply nobody asked for");
+        return;
+      }
+      const uint64_t token = waiting_.front();
+      waiting_.pop_front();
+      answer(token, std::string(buffer_.data() + begin_ + d.payload_offset, d.payload_bytes), 0);
+      begin_ += d.consumed;
+    }
+    if (begin_ == end_) begin_ = end_ = 0;
+    if (end_ == buffer_.size() && begin_ == 0) {
+      fail_all("a reply is larger than max_message_bytes");
+      return;
+    }
+    read();
+  }
+
+  // The connection is unusable: every call waiting on it gets an error; the next request
+  // connects again.
+  void fail_all(const std::string& reason) {
+    const std::string text = where() + ": " + reason;
+    if (!waiting_.empty()) spdlog::warn("{} ({} call(s) failed)", text, waiting_.size());
+    for (const uint64_t token : waiting_)
+      answer(token, text, mqueue::kSlotError);
+    waiting_.clear();
+    out_.clear();
+    begin_ = end_ = 0;
+    connected_ = false;
+    connecting_ = false;
+    error_code ec;
+    socket_.close(ec);
+  }
+
+  void answer(uint64_t token, std::string bytes, uint16_t flags) {
+    if ((flags & mqueue::kSlotError) != 0) failures_.inc();
+    Message m{token, flags, std::move(bytes), std::chrono::steady_clock::now()};
+    if (inbox_->submit(m)) engine_.notify();
+  }
+
+  DestinationConfig config_;
+  Codec codec_;
+  std::shared_ptr<QueueInbox> inbox_;
+  Engine& engine_;
+  asio::strand<asio::io_context::executor_type> strand_;
+  tcp::socket socket_;
+  tcp::resolver resolver_;
+  Counter& calls_;
+  Counter& failures_;
+
+  bool closed_ = false;
+  bool connecting_ = false;
+  bool connected_ = false;
+  bool writing_ = false;
+  std::deque<uint64_t> waiting_;  // tokens of requests sent (or queued), oldest first
+  std::string out_;
+  std::string wbuf_;
+  std::vector<char> buffer_;
+  size_t begin_ = 0;
+  size_t end_ = 0;
+};
+
+}  // namespace
+
+Destinations::Destinations(asio::io_context& io, const std::vector<DestinationConfig>& config,
+                           Engine& engine, Registry& metrics)
+    : io_(io), engine_(engine), metrics_(metrics) {
+  for (const DestinationConfig& d : config)
+    config_.emplace(d.name, d);
+}
+
+std::string Destinations::names() const {
+  std::string out;
+  for (const auto& [name, c] : config_)
+    out += (out.empty() ? "" : ", ") + name;
+  return out.empty() ? "(none configured)" : out;
+}
+
+std::shared_ptr<ClientLink> Destinations::make_link(const std::string& name,
+                                                    std::shared_ptr<QueueInbox> inbox) {
+  const DestinationConfig& c = config_.at(name);
+  Result<Codec> codec = Codec::make(c.framing);
+  if (!codec.ok())
+    throw std::invalid_argument("destination " + name + ": " + codec.status().message());
+  return std::make_shared<TcpClientLink>(io_, c, std::move(codec).value(), std::move(inbox),
+                                         engine_, metrics_);
+}
+
+}  // namespace caracal::server

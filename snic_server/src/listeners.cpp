@@ -1,0 +1,681 @@
+#include "caracal/server/listeners.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ip/udp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+
+#include "caracal/server/framing.hpp"
+#include "caracal/server/service.hpp"
+
+namespace caracal::server {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using udp = asio::ip::udp;
+using boost::system::error_code;
+
+std::optional<std::string> format_error_reply(const ListenerConfig& config,
+                                              const std::string& reason) {
+  if (!config.error_reply) return std::nullopt;
+  std::string text = *config.error_reply;
+  const size_t at = text.find("{reason}");
+  if (at != std::string::npos) text.replace(at, 8, reason);
+  return text;
+}
+
+namespace {
+
+// Counters of one listener.
+struct ListenerStats {
+  ListenerStats(Registry& registry, const std::string& service, const std::string& listener)
+      : registry(registry),
+        labels{{"service", service}, {"listener", listener}},
+        requests(registry.counter("caracal_listener_requests_total",
+                                  "Requests the listener received", labels)),
+        replies(registry.counter("caracal_listener_replies_total",
+                                 "Replies the listener sent (error replies included)", labels)),
+        connections(registry.gauge("caracal_listener_connections",
+                                   "Open TCP connections of the listener", labels)) {}
+
+  void drop(const char* reason) {
+    Labels l = labels;
+    l.emplace_back("reason", reason);
+    registry
+        .counter("caracal_listener_drops_total", "Requests dropped by the listener, by reason", l)
+        .inc();
+  }
+
+  Registry& registry;
+  Labels labels;
+  Counter& requests;
+  Counter& replies;
+  Gauge& connections;
+};
+
+std::string listener_name(const ListenerConfig& c) {
+  return std::string(c.protocol == Protocol::kUdp ? "udp/" : "tcp/") + c.listen.str();
+}
+
+Result<asio::ip::address> parse_address(const config::HostPort& hp) {
+  error_code ec;
+  const auto a = asio::ip::make_address(hp.host == "localhost" ? "127.0.0.1" : hp.host, ec);
+  if (ec) return invalid_argument("'" + hp.host + "' is not an IP address");
+  return a;
+}
+
+// -------------------------------------------------------------------------------------------
+// TCP
+
+class TcpConnection;
+
+struct TcpShared {
+  TcpShared(const ListenerConfig& c, const ListenerDeps& d, Codec codec)
+      : config(c),
+        codec(std::move(codec)),
+        service(d.service),
+        replies(d.replies),
+        name(listener_name(c)),
+        stats(d.metrics, d.service.name(), name) {}
+
+  ListenerConfig config;
+  Codec codec;
+  Service& service;
+  ReplyTable& replies;
+  std::string name;
+  ListenerStats stats;
+
+  std::mutex m;
+  std::unordered_map<uint64_t, std::weak_ptr<TcpConnection>> connections;
+};
+
+class TcpConnection final : public ReplySink, public std::enable_shared_from_this<TcpConnection> {
+ public:
+  TcpConnection(std::shared_ptr<TcpShared> shared, tcp::socket socket, uint64_t id)
+      : shared_(std::move(shared)), socket_(std::move(socket)), id_(id) {
+    const FramingConfig& f = shared_->codec.config();
+    buffer_.resize(size_t{f.max_message_bytes} + Codec::header_capacity() + f.delimiter.size() +
+                   64 * 1024);
+    error_code ec;
+    const auto ep = socket_.remote_endpoint(ec);
+    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+  }
+  ~TcpConnection() override {
+    if (token_base_) shared_->replies.release(*token_base_);
+  }
+
+  void start() {
+    token_base_ = shared_->replies.acquire(shared_from_this());
+    if (!token_base_) {
+      spdlog::warn("{}: connection from {} refused: every reply slot is in use", shared_->name,
+                   peer_);
+      shared_->stats.drop("reply_slots");
+      close_now();
+      return;
+    }
+    shared_->stats.connections.add(1);
+    counted_ = true;
+    error_code ec;
+    socket_.set_option(tcp::no_delay(true), ec);
+    read();
+  }
+
+  void deliver(uint64_t token, const udp::endpoint&, Reply reply) override {
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this(), token, r = std::move(reply)]() mutable {
+                 self->on_reply(token, std::move(r));
+               });
+  }
+
+  // Server shutdown: stop reading; close once the replies in flight are written.
+  void shutdown() {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] {
+      self->read_done_ = true;
+      error_code ec;
+      self->socket_.shutdown(tcp::socket::shutdown_receive, ec);
+      self->maybe_finish();
+    });
+  }
+  void close_later() {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->close_now(); });
+  }
+
+ private:
+  struct Pending {
+    bool done = false;
+    bool fatal = false;  // close the connection after this one
+    Reply reply;
+  };
+
+  void read() {
+    if (reading_ || read_done_ || closed_) return;
+    if (begin_ != 0 && begin_ == end_) begin_ = end_ = 0;
+    if (end_ == buffer_.size() && begin_ != 0) {
+      std::memmove(buffer_.data(), buffer_.data() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    reading_ = true;
+    socket_.async_read_some(asio::buffer(buffer_.data() + end_, buffer_.size() - end_),
+                            [self = shared_from_this()](error_code ec, size_t n) {
+                              self->reading_ = false;
+                              self->on_read(ec, n);
+                            });
+  }
+
+  void on_read(error_code ec, size_t n) {
+    if (closed_) return;
+    if (ec) {
+      read_done_ = true;
+      if (ec != asio::error::eof && ec != asio::error::operation_aborted) {
+        spdlog::debug("{}: {} read failed: {}", shared_->name, peer_, ec.message());
+        close_now();
+        return;
+      }
+      // The client finished sending (or half-closed): answer what it sent, then close.
+      process();
+      maybe_finish();
+      return;
+    }
+    end_ += n;
+    resume();
+  }
+
+  // Serves what is buffered, then reads more unless something holds it back.
+  void resume() {
+    process();
+    if (closed_ || read_done_) {
+      maybe_finish();
+      return;
+    }
+    if (pending_.size() >= shared_->config.max_pipeline) return;  // on_reply resumes
+    if (congested_) {
+      congested_ = false;
+      std::weak_ptr<TcpConnection> weak = weak_from_this();
+      shared_->service.park([weak] {
+        if (auto self = weak.lock()) {
+          asio::post(self->socket_.get_executor(), [self] { self->resume(); });
+        }
+      });
+      return;
+    }
+    if (end_ == buffer_.size() && begin_ == 0) {
+      fail_stream("a message is larger than the read buffer");
+      return;
+    }
+    read();
+  }
+
+  void process() {
+    const Codec& codec = shared_->codec;
+    while (!closing_ && pending_.size() < shared_->config.max_pipeline) {
+      const Decoded d = codec.decode(std::span<const std::byte>(
+          reinterpret_cast<const std::byte*>(buffer_.data() + begin_), end_ - begin_));
+      if (d.status == DecodeStatus::kNeedMore) {
+        if (read_done_ && end_ != begin_) {
+          spdlog::info("{}: {} closed its side with a partial message of {} bytes; dropped",
+                       shared_->name, peer_, end_ - begin_);
+          shared_->stats.drop("partial_message");
+          begin_ = end_;
+        }
+        return;
+      }
+      if (d.status == DecodeStatus::kMalformed) {
+        fail_stream(d.error);
+        return;
+      }
+      std::string bytes(buffer_.data() + begin_ + d.payload_offset, d.payload_bytes);
+      begin_ += d.consumed;
+      const uint32_t seq = next_seq_;
+      next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
+      pending_.emplace_back();
+      shared_->stats.requests.inc();
+      switch (shared_->service.dispatch(*token_base_ | seq, std::move(bytes), id_, true)) {
+        case DispatchStatus::kQueued:
+          break;
+        case DispatchStatus::kCongested:
+          congested_ = true;
+          break;
+        case DispatchStatus::kFull:  // not returned when may_exceed is set
+        case DispatchStatus::kNoAgent:
+          shared_->stats.drop("no_agent");
+          complete(seq, Reply{Reply::Kind::kError,
+                              "no agent serves service " + shared_->service.name()});
+          break;
+      }
+    }
+  }
+
+  // Malformed or oversize input: nothing after it can be framed, so the connection ends after
+  // the replies before it (and an error reply, if the listener has one).
+  void fail_stream(const std::string& reason) {
+    spdlog::warn("{}: closing the connection from {}: {}", shared_->name, peer_, reason);
+    shared_->stats.drop("malformed");
+    closing_ = true;
+    read_done_ = true;
+    Pending p;
+    p.done = true;
+    p.fatal = true;
+    p.reply = Reply{Reply::Kind::kError, reason};
+    pending_.push_back(std::move(p));
+    next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
+    flush();
+  }
+
+  void on_reply(uint64_t token, Reply reply) {
+    if (closed_) return;
+    const uint32_t seq = split_token(token).sequence;
+    complete(seq, std::move(reply));
+    if (!read_done_ && !reading_ && pending_.size() <= shared_->config.max_pipeline / 2) {
+      resume();
+    }
+  }
+
+  void complete(uint32_t seq, Reply reply) {
+    const uint32_t first =
+        (next_seq_ - static_cast<uint32_t>(pending_.size())) & kTokenSequenceMask;
+    const uint32_t index = (seq - first) & kTokenSequenceMask;
+    if (index >= pending_.size() || pending_[index].done) {
+      shared_->stats.drop("stale_reply");
+      return;
+    }
+    pending_[index].done = true;
+    pending_[index].reply = std::move(reply);
+    flush();
+  }
+
+  void frame(const std::string& payload) {
+    std::byte header[Codec::header_capacity()];
+    const size_t n = shared_->codec.encode_header(payload.size(), header);
+    out_.append(reinterpret_cast<const char*>(header), n);
+    out_.append(payload);
+    const auto trailer = shared_->codec.trailer();
+    out_.append(reinterpret_cast<const char*>(trailer.data()), trailer.size());
+    shared_->stats.replies.inc();
+  }
+
+  // Moves the replies at the front that are complete into the output, in request order.
+  void flush() {
+    while (!pending_.empty() && pending_.front().done && !closing_after_write_) {
+      Pending& p = pending_.front();
+      bool fatal = p.fatal;
+      if (p.reply.kind == Reply::Kind::kData && !shared_->codec.can_frame(p.reply.bytes.size())) {
+        shared_->stats.drop("reply_unframeable");
+        p.reply = Reply{Reply::Kind::kError, "a reply of " + std::to_string(p.reply.bytes.size()) +
+                                                 " bytes cannot be framed by this listener"};
+      }
+      switch (p.reply.kind) {
+        case Reply::Kind::kData:
+          frame(p.reply.bytes);
+          break;
+        case Reply::Kind::kNoReply:
+          break;
+        case Reply::Kind::kError: {
+          const std::optional<std::string> text =
+              format_error_reply(shared_->config, p.reply.bytes);
+          if (text && shared_->codec.can_frame(text->size())) {
+            frame(*text);
+          } else {
+            if (!fatal) {
+              spdlog::warn(
+                  "{}: closing the connection from {}: a request failed ({}) and the "
+                  "listener has no error_reply",
+                  shared_->name, peer_, p.reply.bytes);
+              shared_->stats.drop("request_failed");
+            }
+            fatal = true;
+          }
+          break;
+        }
+      }
+      pending_.pop_front();
+      if (fatal) {
+        closing_after_write_ = true;
+        closing_ = true;
+        read_done_ = true;
+      }
+    }
+    write();
+  }
+
+  void write() {
+    if (writing_ || closed_) return;
+    if (out_.empty()) {
+      maybe_finish();
+      return;
+    }
+    writing_ = true;
+    wbuf_.swap(out_);
+    asio::async_write(socket_, asio::buffer(wbuf_),
+                      [self = shared_from_this()](error_code ec, size_t) {
+                        self->writing_ = false;
+                        self->wbuf_.clear();
+                        if (ec) {
+                          spdlog::debug("{}: {} write failed: {}", self->shared_->name, self->peer_,
+                                        ec.message());
+                          self->close_now();
+                          return;
+                        }
+                        self->write();
+                      });
+  }
+
+  void maybe_finish() {
+    if (closed_ || writing_ || !out_.empty()) return;
+    if (closing_after_write_ || (read_done_ && pending_.empty())) {
+      error_code ec;
+      socket_.shutdown(tcp::socket::shutdown_send, ec);
+      close_now();
+    }
+  }
+
+  void close_now() {
+    if (closed_) return;
+    closed_ = true;
+    error_code ec;
+    socket_.close(ec);
+    if (counted_) shared_->stats.connections.add(-1);
+    if (token_base_) shared_->replies.release(*token_base_);  // late replies now drop
+    std::lock_guard lock(shared_->m);
+    shared_->connections.erase(id_);
+  }
+
+  std::shared_ptr<TcpShared> shared_;
+  tcp::socket socket_;
+  uint64_t id_;
+  std::string peer_;
+  std::optional<uint64_t> token_base_;
+  bool counted_ = false;
+
+  std::vector<char> buffer_;
+  size_t begin_ = 0;
+  size_t end_ = 0;
+  bool reading_ = false;
+  bool read_done_ = false;
+  bool congested_ = false;
+  bool closing_ = false;              // no more requests are taken
+  bool closing_after_write_ = false;  // close once the output is written
+  bool closed_ = false;
+
+  std::deque<Pending> pending_;  // requests read and not yet answered, oldest first
+  uint32_t next_seq_ = 0;
+  std::string out_;   // framed replies waiting for the current write
+  std::string wbuf_;  // being written
+  bool writing_ = false;
+};
+
+class TcpListener final : public Listener {
+ public:
+  TcpListener(const ListenerConfig& config, const ListenerDeps& deps, Codec codec)
+      : io_(deps.io),
+        shared_(std::make_shared<TcpShared>(config, deps, std::move(codec))),
+        acceptor_(deps.io) {}
+  ~TcpListener() override { stop(); }
+
+  Status start() override {
+    Result<asio::ip::address> address = parse_address(shared_->config.listen);
+    if (!address.ok()) return address.status();
+    const tcp::endpoint ep(*address, shared_->config.listen.port);
+    error_code ec;
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return Status(StatusCode::kIoError, shared_->name + ": cannot listen on " +
+                                              shared_->config.listen.str() + ": " + ec.message());
+    }
+    port_ = acceptor_.local_endpoint(ec).port();
+    accept();
+    return Status::ok_status();
+  }
+
+  void stop() override {
+    error_code ec;
+    acceptor_.close(ec);
+    for (auto& c : connections())
+      c->shutdown();
+  }
+
+  void close_all() override {
+    for (auto& c : connections())
+      c->close_later();
+  }
+
+  uint16_t port() const override { return port_; }
+  const std::string& name() const override { return shared_->name; }
+
+ private:
+  std::vector<std::shared_ptr<TcpConnection>> connections() {
+    std::vector<std::shared_ptr<TcpConnection>> out;
+    std::lock_guard lock(shared_->m);
+    for (auto& [id, weak] : shared_->connections) {
+      if (auto c = weak.lock()) out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+  void accept() {
+    acceptor_.async_accept(asio::make_strand(io_), [this](error_code ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+      if (ec) {
+        // Out of descriptors, for instance: log and keep accepting.
+        spdlog::warn("{}: accept failed: {}", shared_->name, ec.message());
+      } else {
+        const uint64_t id = ++next_id_;
+        auto c = std::make_shared<TcpConnection>(shared_, std::move(socket), id);
+        {
+          std::lock_guard lock(shared_->m);
+          shared_->connections.emplace(id, c);
+        }
+        c->start();
+      }
+      accept();
+    });
+  }
+
+  asio::io_context& io_;
+  std::shared_ptr<TcpShared> shared_;
+  tcp::acceptor acceptor_;
+  uint16_t port_ = 0;
+  uint64_t next_id_ = 0;
+};
+
+// -------------------------------------------------------------------------------------------
+// UDP
+
+class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpCore> {
+ public:
+  UdpCore(const ListenerConfig& config, const ListenerDeps& deps)
+      : config_(config),
+        io_(deps.io),
+        service_(deps.service),
+        replies_(deps.replies),
+        name_(listener_name(config)),
+        stats_(deps.metrics, deps.service.name(), name_),
+        sockets_count_(deps.io_threads == 0 ? 1 : deps.io_threads) {}
+
+  Status open() {
+    Result<asio::ip::address> address = parse_address(config_.listen);
+    if (!address.ok()) return address.status();
+    udp::endpoint ep(*address, config_.listen.port);
+    for (uint32_t i = 0; i < sockets_count_; ++i) {
+      auto s = std::make_unique<Socket>(io_, service_.config().max_message_bytes);
+      error_code ec;
+      s->socket.open(ep.protocol(), ec);
+      if (!ec && sockets_count_ > 1) {
+        s->socket.set_option(asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true),
+                             ec);
+      }
+      if (!ec) s->socket.bind(ep, ec);
+      if (!ec) s->socket.non_blocking(true, ec);
+      if (ec) {
+        return Status(StatusCode::kIoError,
+                      name_ + ": cannot bind " + config_.listen.str() + ": " + ec.message());
+      }
+      // Port 0: the first socket got a port from the OS; the others share it.
+      ep.port(s->socket.local_endpoint(ec).port());
+      sockets_.push_back(std::move(s));
+    }
+    port_ = ep.port();
+    for (uint32_t i = 0; i < sockets_.size(); ++i)
+      receive(i);
+    return Status::ok_status();
+  }
+
+  void close() {
+    for (auto& s : sockets_) {
+      asio::post(s->socket.get_executor(), [self = shared_from_this(), s = s.get()] {
+        error_code ec;
+        s->socket.close(ec);
+      });
+    }
+  }
+
+  void deliver(uint64_t token, const udp::endpoint& peer, Reply reply) override {
+    replies_.release(token);
+    const uint32_t i = split_token(token).slot % static_cast<uint32_t>(sockets_.size());
+    Socket* s = sockets_[i].get();
+    asio::post(s->socket.get_executor(),
+               [self = shared_from_this(), s, peer, r = std::move(reply)]() mutable {
+                 self->answer(*s, peer, std::move(r));
+               });
+  }
+
+  uint16_t port() const { return port_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  struct Socket {
+    Socket(asio::io_context& io, uint32_t max_message_bytes)
+        : socket(asio::make_strand(io)), buffer(size_t{max_message_bytes} + 1) {}
+    udp::socket socket;
+    std::vector<char> buffer;  // one byte more than the largest message: detects oversize
+    udp::endpoint peer;
+  };
+
+  void receive(uint32_t i) {
+    Socket* s = sockets_[i].get();
+    s->socket.async_receive_from(asio::buffer(s->buffer), s->peer,
+                                 [self = shared_from_this(), s, i](error_code ec, size_t n) {
+                                   if (ec == asio::error::operation_aborted || !s->socket.is_open())
+                                     return;
+                                   if (!ec) self->on_datagram(*s, n);
+                                   self->receive(i);
+                                 });
+  }
+
+  void on_datagram(Socket& s, size_t n) {
+    stats_.requests.inc();
+    if (n > service_.config().max_message_bytes) {
+      stats_.drop("oversize");
+      spdlog::debug("{}: datagram from {} is longer than max_message_bytes ({}); dropped", name_,
+                    s.peer.address().to_string(), service_.config().max_message_bytes);
+      send_error(
+          s, s.peer,
+          "message longer than " + std::to_string(service_.config().max_message_bytes) + " bytes");
+      return;
+    }
+    std::optional<uint64_t> token = replies_.acquire(shared_from_this(), s.peer);
+    if (!token) {
+      stats_.drop("reply_slots");
+      return;
+    }
+    const uint64_t flow = std::hash<std::string>{}(s.peer.address().to_string()) ^ s.peer.port();
+    switch (service_.dispatch(*token, std::string(s.buffer.data(), n), flow, false)) {
+      case DispatchStatus::kQueued:
+      case DispatchStatus::kCongested:
+        return;
+      case DispatchStatus::kFull:
+        replies_.release(*token);
+        stats_.drop("queue_full");
+        return;
+      case DispatchStatus::kNoAgent:
+        replies_.release(*token);
+        stats_.drop("no_agent");
+        send_error(s, s.peer, "no agent serves service " + service_.name());
+        return;
+    }
+  }
+
+  void answer(Socket& s, const udp::endpoint& peer, Reply r) {
+    switch (r.kind) {
+      case Reply::Kind::kNoReply:
+        return;
+      case Reply::Kind::kData:
+        send(s, peer, r.bytes);
+        return;
+      case Reply::Kind::kError:
+        if (!config_.error_reply) stats_.drop("request_failed");
+        send_error(s, peer, r.bytes);
+        return;
+    }
+  }
+
+  void send_error(Socket& s, const udp::endpoint& peer, const std::string& reason) {
+    if (auto text = format_error_reply(config_, reason)) send(s, peer, *text);
+  }
+
+  void send(Socket& s, const udp::endpoint& peer, const std::string& bytes) {
+    error_code ec;
+    s.socket.send_to(asio::buffer(bytes), peer, 0, ec);
+    if (ec) {
+      stats_.drop(ec == asio::error::would_block ? "send_buffer_full" : "send_failed");
+      return;
+    }
+    stats_.replies.inc();
+  }
+
+  ListenerConfig config_;
+  asio::io_context& io_;
+  Service& service_;
+  ReplyTable& replies_;
+  std::string name_;
+  ListenerStats stats_;
+  uint32_t sockets_count_;
+  std::vector<std::unique_ptr<Socket>> sockets_;
+  uint16_t port_ = 0;
+};
+
+class UdpListener final : public Listener {
+ public:
+  UdpListener(const ListenerConfig& config, const ListenerDeps& deps)
+      : core_(std::make_shared<UdpCore>(config, deps)) {}
+  ~UdpListener() override { stop(); }
+  Status start() override { return core_->open(); }
+  void stop() override {
+    if (!stopped_) core_->close();
+    stopped_ = true;
+  }
+  void close_all() override { stop(); }
+  uint16_t port() const override { return core_->port(); }
+  const std::string& name() const override { return core_->name(); }
+
+ private:
+  std::shared_ptr<UdpCore> core_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps) {
+  if (config.protocol == Protocol::kUdp) return std::make_unique<UdpListener>(config, deps);
+  FramingConfig framing = config.framing;
+  framing.max_message_bytes = deps.service.config().max_message_bytes;
+  Result<Codec> codec = Codec::make(framing);
+  if (!codec.ok()) {
+    throw std::invalid_argument(listener_name(config) + ": " + codec.status().message());
+  }
+  return std::make_unique<TcpListener>(config, deps, std::move(codec).value());
+}
+
+}  // namespace caracal::server

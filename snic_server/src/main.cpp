@@ -1,0 +1,70 @@
+// snic_server: serves the services of a YAML config to TCP and UDP clients with the handlers
+// of the agents that register with it.
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <csignal>
+#include <iostream>
+
+#include "caracal/server/config.hpp"
+#include "caracal/server/server.hpp"
+
+#ifndef CARACAL_VERSION
+#define CARACAL_VERSION "unknown"
+#endif
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "snic_server: Caracal's network server (serves TCP and UDP clients with handlers "
+      "that run on accelerators)"};
+  std::string config_path;
+  bool check_only = false;
+  std::string log_level;
+  app.add_option("-c,--config", config_path, "YAML configuration file")->required();
+  app.add_flag("--check-config", check_only, "Validate the configuration and exit");
+  app.add_option("--log-level", log_level, "Override log_level (trace, debug, info, warn, error)");
+  app.set_version_flag("--version", std::string("snic_server ") + CARACAL_VERSION);
+  CLI11_PARSE(app, argc, argv);
+
+  caracal::server::ServerConfig config;
+  try {
+    config = caracal::server::load_server_config(config_path);
+  } catch (const std::exception& e) {
+    std::cerr << "snic_server: " << e.what() << "\n";
+    return 2;
+  }
+  if (check_only) {
+    std::cout << config_path << ": OK (" << config.services.size() << " service(s), "
+              << config.destinations.size() << " destination(s))\n";
+    return 0;
+  }
+  const std::string level = log_level.empty() ? config.log_level : log_level;
+  spdlog::set_level(spdlog::level::from_str(level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+
+  // Signals are taken by a signal_set before any thread starts, so every thread inherits the
+  // mask Asio sets up and only this io_context sees them.
+  boost::asio::io_context signals_io;
+  boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
+  int received = 0;
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (!ec) received = sig;
+  });
+
+  caracal::server::Server server(config);
+  if (caracal::Status s = server.start(); !s.ok()) {
+    spdlog::error("{}", s.message());
+    server.stop();
+    return 1;
+  }
+  spdlog::info("snic_server {} serving {} service(s); SIGINT or SIGTERM stops it", CARACAL_VERSION,
+               config.services.size());
+  signals_io.run();
+  spdlog::info("{} received: draining requests in flight",
+               received == SIGINT ? "SIGINT" : "SIGTERM");
+  server.stop();
+  spdlog::info("stopped");
+  return 0;
+}

@@ -1,0 +1,112 @@
+#include "caracal/server/server.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+
+namespace caracal::server {
+
+Server::Server(ServerConfig config, ServerOptions options)
+    : config_(std::move(config)),
+      options_(options),
+      replies_(options.reply_slots),
+      engine_(replies_) {
+  for (const ServiceConfig& s : config_.services) {
+    services_.push_back(std::make_unique<Service>(s, engine_, metrics_));
+  }
+  destinations_ = std::make_unique<Destinations>(io_, config_.destinations, engine_, metrics_);
+}
+
+Server::~Server() {
+  stop();
+}
+
+Status Server::start() {
+  if (started_) return invalid_argument("server already started");
+  started_ = true;
+  std::map<std::string, Service*> by_name;
+  for (auto& s : services_) {
+    by_name[s->name()] = s.get();
+    for (const ListenerConfig& l : s->config().listeners) {
+      ListenerDeps deps{io_, *s, replies_, metrics_, config_.io_threads};
+      std::unique_ptr<Listener> listener = make_listener(l, deps);
+      if (Status st = listener->start(); !st.ok()) return st;
+      spdlog::info("service {}: listening on {} (port {})", s->name(), listener->name(),
+                   listener->port());
+      listeners_[s->name()].push_back(std::move(listener));
+    }
+  }
+  control_ =
+      std::make_unique<ControlEndpoint>(io_, config_, engine_, by_name, *destinations_, metrics_);
+  if (Status st = control_->listen(); !st.ok()) return st;
+  spdlog::info("control endpoint on {} (port {})", config_.control.listen.str(), control_->port());
+  if (config_.metrics_listen) {
+    metrics_server_ = std::make_unique<MetricsServer>(io_, metrics_);
+    if (Status st =
+            metrics_server_->listen(config_.metrics_listen->host, config_.metrics_listen->port);
+        !st.ok()) {
+      return st;
+    }
+    spdlog::info("metrics on http://{}:{}/metrics", config_.metrics_listen->host,
+                 metrics_server_->port());
+  }
+  engine_.start();
+  for (uint32_t i = 0; i < config_.io_threads; ++i) {
+    threads_.emplace_back([this] {
+      auto guard = boost::asio::make_work_guard(io_);
+      io_.run();
+    });
+  }
+  return Status::ok_status();
+}
+
+void Server::stop() {
+  if (stopped_ || !started_) return;
+  stopped_ = true;
+  // 1. No new requests: listeners stop accepting and reading.
+  for (auto& [name, list] : listeners_) {
+    for (auto& l : list)
+      l->stop();
+  }
+  // 2. Requests in flight get their replies, up to the drain time.
+  const auto deadline = std::chrono::steady_clock::now() + options_.drain;
+  while (engine_.in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (engine_.in_flight() > 0) {
+    spdlog::warn("{} request(s) still in flight after {} ms; failing them", engine_.in_flight(),
+                 options_.drain.count());
+  }
+  // 3. Agents are dropped, the engine fails what is left, connections close once written.
+  if (control_) control_->stop();
+  for (auto& s : services_)
+    s->remove_all();
+  engine_.stop();
+  // Connections close by themselves once their last replies are written (each releases its
+  // reply slot); whatever is still open after a moment is closed.
+  const auto close_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (replies_.in_use() > 0 && std::chrono::steady_clock::now() < close_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& [name, list] : listeners_) {
+    for (auto& l : list)
+      l->close_all();
+  }
+  if (metrics_server_) metrics_server_->stop();
+  io_.stop();
+  for (auto& t : threads_)
+    t.join();
+  threads_.clear();
+}
+
+uint16_t Server::listener_port(const std::string& service, size_t index) const {
+  auto it = listeners_.find(service);
+  if (it == listeners_.end() || index >= it->second.size()) return 0;
+  return it->second[index]->port();
+}
+
+uint16_t Server::metrics_port() const {
+  return metrics_server_ ? metrics_server_->port() : 0;
+}
+
+}  // namespace caracal::server

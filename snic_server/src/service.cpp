@@ -1,0 +1,208 @@
+#include "caracal/server/service.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace caracal::server {
+
+using Clock = std::chrono::steady_clock;
+
+Service::Service(const ServiceConfig& config, Engine& engine, Registry& metrics)
+    : config_(config),
+      engine_(engine),
+      metrics_(metrics),
+      targets_(std::make_shared<const Targets>()),
+      requests_(metrics.counter("caracal_service_requests_total",
+                                "Requests dispatched to the service's queues",
+                                {{"service", config.name}})),
+      replies_(metrics.counter("caracal_service_replies_total",
+                               "Answers that came back from the service's handlers",
+                               {{"service", config.name}})),
+      errors_(metrics.counter("caracal_service_errors_total",
+                              "Answers that were errors (handler errors, lost agents)",
+                              {{"service", config.name}})),
+      latency_(metrics.histogram("caracal_service_latency_seconds",
+                                 "Time from dispatch to the answer leaving the engine",
+                                 {{"service", config.name}}, latency_buckets_seconds())) {}
+
+Service::~Service() {
+  std::lock_guard lock(membership_m_);
+  for (auto& [region, id] : metric_callbacks_)
+    metrics_.remove_callback(id);
+}
+
+bool Service::congested(const Target& t) const {
+  return t.region->inbox(t.queue).waiting.load(std::memory_order_relaxed) >= t.high_water;
+}
+
+bool Service::any_congested() const {
+  const auto t = targets();
+  return std::any_of(t->begin(), t->end(), [this](const Target& x) { return congested(x); });
+}
+
+size_t Service::pick(const Targets& t, uint64_t flow) {
+  switch (config_.dispatch) {
+    case DispatchPolicy::kRoundRobin:
+      return round_robin_.fetch_add(1, std::memory_order_relaxed) % t.size();
+    case DispatchPolicy::kFlowAffinity:
+      return flow % t.size();
+    case DispatchPolicy::kLeastLoaded: {
+      // Start the scan at a rotating position so that ties do not all land on queue 0.
+      const size_t start = round_robin_.fetch_add(1, std::memory_order_relaxed) % t.size();
+      size_t best = start;
+      int64_t best_load = INT64_MAX;
+      for (size_t i = 0; i < t.size(); ++i) {
+        const size_t k = (start + i) % t.size();
+        const int64_t load =
+            t[k].region->inbox(t[k].queue).outstanding.load(std::memory_order_relaxed);
+        if (load < best_load) {
+          best_load = load;
+          best = k;
+        }
+      }
+      return best;
+    }
+  }
+  return 0;
+}
+
+DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flow,
+                                 bool may_exceed) {
+  const auto t = targets();
+  if (t->empty()) return DispatchStatus::kNoAgent;
+  size_t k = pick(*t, flow);
+  Message m{token, 0, std::move(bytes), Clock::now()};
+  bool saw_congested = false;
+  // A queue can close under us (its agent was lost a moment ago), or be congested; try the
+  // others in turn before giving up.
+  for (size_t attempt = 0; attempt < t->size(); ++attempt, k = (k + 1) % t->size()) {
+    const Target& target = (*t)[k];
+    const bool full = congested(target);
+    saw_congested |= full;
+    if (full && !may_exceed) continue;
+    QueueInbox& inbox = target.region->inbox(target.queue);
+    inbox.outstanding.fetch_add(1, std::memory_order_relaxed);
+    if (!inbox.submit(m)) {  // closed: its agent is going away; try the next queue
+      inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
+      continue;
+    }
+    requests_.inc();
+    engine_.note_dispatched();
+    return full ? DispatchStatus::kCongested : DispatchStatus::kQueued;
+  }
+  return saw_congested ? DispatchStatus::kFull : DispatchStatus::kNoAgent;
+}
+
+Status Service::add(std::shared_ptr<AgentRegion> region) {
+  const mqueue::RegionHeader& h = region->header();
+  if (h.max_message_bytes < config_.max_message_bytes) {
+    return invalid_argument("the region's rings carry messages of at most " +
+                            std::to_string(h.max_message_bytes) + " bytes but service " +
+                            config_.name + " accepts up to " +
+                            std::to_string(config_.max_message_bytes) +
+                            " (raise max_message_bytes in the agent's config)");
+  }
+  std::lock_guard lock(membership_m_);
+  auto next = std::make_shared<Targets>(*targets());
+  for (uint32_t q = 0; q < region->server_queues(); ++q) {
+    next->push_back(Target{region, q, h.ring_capacity});
+    const Labels labels{
+        {"service", config_.name}, {"agent", region->agent()}, {"queue", std::to_string(q)}};
+    QueueInbox* inbox = &region->inbox(q);
+    metric_callbacks_.emplace_back(
+        region.get(),
+        metrics_.gauge_callback(
+            "caracal_queue_ring_slots_in_use",
+            "RX ring slots the accelerator has not given back yet", labels, [inbox] {
+              return static_cast<double>(inbox->ring_slots_in_use.load(std::memory_order_relaxed));
+            }));
+    metric_callbacks_.emplace_back(
+        region.get(),
+        metrics_.gauge_callback(
+            "caracal_queue_outstanding_requests",
+            "Requests dispatched to the queue and not yet answered", labels, [inbox] {
+              return static_cast<double>(inbox->outstanding.load(std::memory_order_relaxed));
+            }));
+    metric_callbacks_.emplace_back(
+        region.get(),
+        metrics_.gauge_callback(
+            "caracal_queue_waiting_requests", "Requests waiting for room in the queue's RX ring",
+            labels, [inbox] {
+              return static_cast<double>(inbox->waiting.load(std::memory_order_relaxed));
+            }));
+  }
+  std::atomic_store_explicit(&targets_, std::shared_ptr<const Targets>(std::move(next)),
+                             std::memory_order_release);
+  return Status::ok_status();
+}
+
+void Service::remove(const AgentRegion* region) {
+  std::lock_guard lock(membership_m_);
+  auto next = std::make_shared<Targets>();
+  for (const Target& t : *targets()) {
+    if (t.region.get() != region) next->push_back(t);
+  }
+  std::atomic_store_explicit(&targets_, std::shared_ptr<const Targets>(std::move(next)),
+                             std::memory_order_release);
+  on_room();  // connections parked on the removed queues would otherwise wait forever
+  for (auto it = metric_callbacks_.begin(); it != metric_callbacks_.end();) {
+    if (it->first == region) {
+      metrics_.remove_callback(it->second);
+      it = metric_callbacks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Service::remove_all() {
+  std::vector<const AgentRegion*> regions;
+  for (const Target& t : *targets())
+    regions.push_back(t.region.get());
+  for (const AgentRegion* r : regions)
+    remove(r);
+}
+
+size_t Service::queue_count() const {
+  return targets()->size();
+}
+
+void Service::park(std::function<void()> resume) {
+  {
+    std::lock_guard lock(parked_m_);
+    // Checked under the lock that on_room() takes after the engine made room: either this
+    // check sees the room, or on_room() sees this connection parked.
+    if (any_congested()) {
+      parked_.push_back(std::move(resume));
+      return;
+    }
+  }
+  resume();
+}
+
+void Service::on_room() {
+  std::vector<std::function<void()>> resume;
+  {
+    std::lock_guard lock(parked_m_);
+    if (parked_.empty() || any_congested()) return;
+    resume.swap(parked_);
+  }
+  for (auto& r : resume)
+    r();
+}
+
+void Service::count_answer(const Reply& reply, Clock::duration latency) {
+  replies_.inc();
+  if (reply.kind == Reply::Kind::kError) errors_.inc();
+  latency_.observe(std::chrono::duration<double>(latency).count());
+}
+
+void Service::count_drop(const std::string& reason) {
+  metrics_
+      .counter("caracal_service_drops_total", "Requests or replies dropped, by reason",
+               {{"service", config_.name}, {"reason", reason}})
+      .inc();
+}
+
+}  // namespace caracal::server

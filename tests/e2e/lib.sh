@@ -1,0 +1,100 @@
+# Shared by the end-to-end tests: start the real snic_server and agents on loopback with
+# ports the OS picks, wait for them to be ready, and clean everything up on exit.
+#
+# Each test script is run by CTest as: test.sh BUILD_DIR SOURCE_DIR. Exit 0 passes, 77 skips
+# (a client tool is missing), anything else fails; on failure the logs are printed.
+set -euo pipefail
+
+BUILD=${1:?build directory}
+SRC=${2:?source directory}
+SERVER_BIN="$BUILD/snic_server/snic_server"
+ECHO_AGENT="$BUILD/examples/echo/caracal_echo_agent"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/caracal-e2e.XXXXXX")
+SECRET="e2e-secret-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+PIDS=()
+
+cleanup() {
+  local rc=$?
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
+    for f in "$WORK"/*.log; do
+      [ -e "$f" ] || continue
+      echo "===== $(basename "$f") (last 40 lines)"
+      tail -n 40 "$f"
+    done
+  fi
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+need() {
+  for tool in "$@"; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+      echo "SKIP: $tool is not installed (scripts/deps.sh installs it)"
+      exit 77
+    fi
+  done
+}
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+# wait_for_line FILE REGEX [SECONDS]: waits until FILE has a line matching REGEX.
+wait_for_line() {
+  local file=$1 regex=$2 secs=${3:-10}
+  for _ in $(seq $((secs * 20))); do
+    grep -Eq "$regex" "$file" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  fail "$(basename "$file") never showed /$regex/ within ${secs}s"
+}
+
+# start_server CONFIG_TEXT: writes the config (control and metrics on port 0 unless given),
+# starts snic_server and waits until it serves. Sets CONTROL_PORT and METRICS_PORT.
+start_server() {
+  printf '%s\n' "$1" >"$WORK/server.yaml"
+  "$SERVER_BIN" --config "$WORK/server.yaml" >"$WORK/server.log" 2>&1 &
+  SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
+  wait_for_line "$WORK/server.log" "serving [0-9]+ service"
+  CONTROL_PORT=$(sed -nE 's/.*control endpoint on .* \(port ([0-9]+)\).*/\1/p' "$WORK/server.log")
+  METRICS_PORT=$(sed -nE 's/.*metrics on http:.*:([0-9]+)\/metrics.*/\1/p' "$WORK/server.log")
+}
+
+# port_of LISTENER: the port the server bound for a listener ("udp/127.0.0.1:0" is the first
+# UDP listener on 127.0.0.1 with port 0; with several, pass the index as $2, from 1).
+port_of() {
+  sed -nE "s#.*listening on $1 \(port ([0-9]+)\).*#\1#p" "$WORK/server.log" | sed -n "${2:-1}p"
+}
+
+# start_agent NAME BINARY SERVICES_YAML: an agent registered under NAME; waits until it serves.
+start_agent() {
+  local name=$1 bin=$2 services=$3
+  cat >"$WORK/$name.yaml" <<YAML
+agent: $name
+server: 127.0.0.1:$CONTROL_PORT
+secret: $SECRET
+accelerator: cpu
+transport: shm
+reconnect_interval_ms: 100
+services:
+$services
+YAML
+  "$bin" --config "$WORK/$name.yaml" >"$WORK/$name.log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  eval "AGENT_PID_${name//-/_}=$pid"
+  wait_for_line "$WORK/$name.log" "serving [0-9]+ service"
+  wait_for_line "$WORK/server.log" "agent '$name' region for service .* attached"
+}
+
+metric() {
+  curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E "^$1" | awk '{s += $NF} END {print s + 0}'
+}

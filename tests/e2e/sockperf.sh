@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# sockperf against the echo agent through snic_server: ping-pong and throughput over UDP and
+# TCP, a few seconds each, with zero errors, drops, duplicates or reordering.
+source "$(dirname "$0")/lib.sh"
+need sockperf curl
+
+start_server "io_threads: 2
+log_level: info
+control: { listen: 127.0.0.1:0, secret: $SECRET }
+metrics: { listen: 127.0.0.1:0 }
+services:
+  - name: echo
+    max_message_bytes: 1024
+    dispatch: round_robin
+    listeners:
+      - { protocol: udp, listen: 127.0.0.1:0 }
+      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: fixed, size: 64 } }"
+start_agent echo-1 "$ECHO_AGENT" "  - { name: echo, queues: 2, ring_capacity: 256, slot_bytes: 256, max_message_bytes: 1024 }"
+UDP=$(port_of "udp/127.0.0.1:0")
+TCP=$(port_of "tcp/127.0.0.1:0")
+
+check_pingpong() {
+  local out=$1 what=$2
+  grep -q "Summary: Latency is" "$out" || fail "$what: sockperf reported no latency"
+  grep -Eq "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0" "$out" ||
+    fail "$what: sockperf saw dropped, duplicated or out-of-order messages"
+  if grep -q "No messages were received" "$out"; then fail "$what: no replies"; fi
+  grep -E "Summary: Latency|percentile 50.000|percentile 99.000" "$out" | sed "s/^/$what: /"
+}
+
+sockperf ping-pong -i 127.0.0.1 -p "$UDP" -m 64 -t 3 >"$WORK/pp-udp.out" 2>&1 || fail "sockperf UDP ping-pong exited $?"
+check_pingpong "$WORK/pp-udp.out" "UDP ping-pong"
+sockperf ping-pong --tcp -i 127.0.0.1 -p "$TCP" -m 64 -t 3 >"$WORK/pp-tcp.out" 2>&1 || fail "sockperf TCP ping-pong exited $?"
+check_pingpong "$WORK/pp-tcp.out" "TCP ping-pong"
+
+# Throughput: sockperf asks for no replies, so the handler sends none; every message must
+# reach the server (TCP) and the service must report no errors.
+before=$(metric 'caracal_service_requests_total')
+sockperf throughput --tcp -i 127.0.0.1 -p "$TCP" -m 64 -t 3 >"$WORK/tp-tcp.out" 2>&1 || fail "sockperf TCP throughput exited $?"
+grep -E "Summary: Message Rate" "$WORK/tp-tcp.out" | sed 's/^/TCP throughput: /'
+sent=$(sed -nE "s/.*Total of ([0-9]+) messages sent.*/\1/p" "$WORK/tp-tcp.out" | tail -1)
+sockperf throughput -i 127.0.0.1 -p "$UDP" -m 64 -t 3 >"$WORK/tp-udp.out" 2>&1 || fail "sockperf UDP throughput exited $?"
+grep -E "Summary: Message Rate" "$WORK/tp-udp.out" | sed 's/^/UDP throughput: /'
+sleep 0.5
+after=$(metric 'caracal_service_requests_total')
+[ "$((after - before))" -ge "$sent" ] || fail "the service saw $((after - before)) requests, fewer than the $sent sockperf sent over TCP"
+errors=$(metric 'caracal_service_errors_total')
+[ "$errors" -eq 0 ] || fail "the service answered $errors errors"
+echo "PASS"

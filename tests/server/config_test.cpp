@@ -167,7 +167,33 @@ TEST(ShippedConfigs, EchoServerParses) {
   const ServerConfig c = load_server_config(CARACAL_CONFIGS_DIR "/echo-server.yaml");
   ASSERT_EQ(c.services.size(), 1u);
   EXPECT_EQ(c.services[0].name, "echo");
-  EXPECT_EQ(c.services[0].listeners.size(), 3u);
+  ASSERT_EQ(c.services[0].listeners.size(), 4u);
+  EXPECT_EQ(c.services[0].listeners[2].error_reply, "ERROR {reason}");
+  EXPECT_EQ(c.services[0].listeners[3].framing.fixed_bytes, 64u);
+}
+
+TEST(ShippedConfigs, KvServerParses) {
+  const ServerConfig c = load_server_config(CARACAL_CONFIGS_DIR "/kv-server.yaml");
+  ASSERT_EQ(c.destinations.size(), 1u);
+  EXPECT_EQ(c.destinations[0].name, "memcached");
+  EXPECT_EQ(c.services[0].dispatch, DispatchPolicy::kLeastLoaded);
+}
+
+TEST(ListenerConfig, ErrorReplyMustSayWhereTheReasonGoes) {
+  const std::string text = R"(control: { listen: 127.0.0.1:1, secret: 0123456789abcdef }
+services:
+  - name: e
+    max_message_bytes: 64
+    listeners:
+      - { protocol: udp, listen: 127.0.0.1:1, error_reply: "oops" }
+)";
+  try {
+    parse_server_config(config::load_yaml_text(text, "t.yaml"));
+    FAIL() << "accepted an error_reply without {reason}";
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("t.yaml:6:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("{reason}"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

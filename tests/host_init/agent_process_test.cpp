@@ -157,7 +157,7 @@ TEST(AgentProcess, SigtermDetachesWithByeAndExitsZero) {
   AgentProcess p(dir, {"--config", config.string(), "--log-level", "debug"});
   ASSERT_TRUE(server.accept_agent());
   const auto hello = server.expect<control::Hello>();
-  server.send(control::Welcome{50, 2000});
+  server.send(control::Welcome{50, 10000});
   const auto region = server.expect<control::RegionAnnounce>();
   EXPECT_EQ(region.shm_name, region_shm_name("proc-test", p.pid(), "echo"));
   test::RegionPeer peer(region.shm_name);
@@ -187,7 +187,7 @@ TEST(AgentProcess, RefusalExitsNonZeroAndLeavesNoShm) {
   AgentProcess p(dir, {"--config", config.string()});
   ASSERT_TRUE(server.accept_agent());
   server.expect<control::Hello>();
-  server.send(control::Welcome{50, 2000});
+  server.send(control::Welcome{50, 10000});
   const auto region = server.expect<control::RegionAnnounce>();
   EXPECT_TRUE(shm_exists(region.shm_name));
   server.send(control::Refused{"echo", "no such service"});

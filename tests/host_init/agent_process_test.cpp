@@ -169,7 +169,8 @@ TEST(AgentProcess, SigtermDetachesWithByeAndExitsZero) {
   const auto replies = peer.exchange(payloads);
   for (const auto& [token, reply] : replies)
     EXPECT_EQ(reply.data, payloads[token]);
-  EXPECT_FALSE(shm_exists(region.shm_name));
+  // The agent removes the name when it reads `attached`, which may come after these replies.
+  EXPECT_TRUE(accel::test::wait_until([&] { return !shm_exists(region.shm_name); }));
 
   p.signal(SIGTERM);
   server.expect<control::Bye>();

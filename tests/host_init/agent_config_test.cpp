@@ -1,0 +1,216 @@
+// The agent configuration: every setting parsed, and each bad line refused with its file, line,
+// column and key.
+#include "caracal/host_init/config.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "caracal/host_init/accelerator.hpp"
+
+namespace caracal::host {
+namespace {
+
+const char* kValid = R"(agent: echo-1
+server: 127.0.0.1:7100
+secret: change-me-0123456789
+accelerator: cpu
+transport: shm
+log_level: debug
+cpu: { workers: 2, cpus: [0, 1], burst: 16, idle_rounds_before_yield: 0 }
+reconnect_interval_ms: 50
+services:
+  - name: echo
+    queues: 2
+    ring_capacity: 256
+    slot_bytes: 256
+    max_message_bytes: 1024
+  - name: kv
+    max_message_bytes: 200
+    client_queues:
+      - { destination: memcached }
+      - destination: redis
+)";
+
+AgentConfig parse(const std::string& text) {
+  return parse_agent_config(config::load_yaml_text(text, "agent.yaml"));
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse(text);
+  } catch (const config::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// kValid with one piece replaced.
+std::string with(const std::string& from, const std::string& to) {
+  std::string s = kValid;
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return s.replace(at, from.size(), to);
+}
+
+// The error starts with "agent.yaml:LINE:COL: " and mentions every needle.
+void expect_error(const std::string& text, const std::string& where,
+                  std::initializer_list<const char*> needles) {
+  const std::string e = error_of(text);
+  ASSERT_FALSE(e.empty()) << "accepted:\n" << text;
+  EXPECT_EQ(e.rfind("agent.yaml:" + where + ": ", 0), 0u) << e;
+  for (const char* n : needles)
+    EXPECT_NE(e.find(n), std::string::npos) << "'" << n << "' not in: " << e;
+}
+
+TEST(AgentConfig, ParsesEverySetting) {
+  const AgentConfig c = parse(kValid);
+  EXPECT_EQ(c.agent, "echo-1");
+  EXPECT_EQ(c.server.host, "127.0.0.1");
+  EXPECT_EQ(c.server.port, 7100);
+  EXPECT_EQ(c.secret, "change-me-0123456789");
+  EXPECT_EQ(c.accelerator.kind, AcceleratorKind::kCpu);
+  EXPECT_EQ(c.transport, TransportKind::kShm);
+  EXPECT_EQ(c.log_level, "debug");
+  EXPECT_EQ(c.cpu.workers, 2u);
+  EXPECT_EQ(c.cpu.cpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(c.cpu.burst, 16u);
+  EXPECT_EQ(c.cpu.idle_rounds_before_yield, 0u);
+  EXPECT_EQ(c.reconnect_interval_ms, 50u);
+  ASSERT_EQ(c.services.size(), 2u);
+  const mqueue::RegionGeometry g = c.services[0].geometry();
+  EXPECT_EQ(g.server_queue_count, 2u);
+  EXPECT_EQ(g.client_queue_count, 0u);
+  EXPECT_EQ(g.ring_capacity, 256u);
+  EXPECT_EQ(g.slot_bytes, 256u);
+  EXPECT_EQ(g.max_message_bytes, 1024u);
+  const ServiceConfig& kv = c.services[1];
+  EXPECT_EQ(kv.queues, 1u);  // defaults
+  EXPECT_EQ(kv.ring_capacity, 256u);
+  EXPECT_EQ(kv.slot_bytes, 256u);
+  EXPECT_EQ(kv.geometry().client_queue_count, 2u);
+  EXPECT_EQ(kv.destinations(), (std::vector<std::string>{"memcached", "redis"}));
+}
+
+TEST(AgentConfig, DefaultsAndAuto) {
+  const AgentConfig c = parse(R"(agent: a
+server: "[::1]:7100"
+secret: 0123456789abcdef
+services: [{ name: echo, max_message_bytes: 100 }]
+)");
+  EXPECT_EQ(c.server.host, "::1");
+  EXPECT_EQ(c.accelerator.kind, AcceleratorKind::kAuto);
+  EXPECT_EQ(c.transport, TransportKind::kAuto);
+  EXPECT_EQ(c.log_level, "info");
+  EXPECT_EQ(c.cpu.workers, 1u);
+  EXPECT_EQ(c.reconnect_interval_ms, 200u);
+  // auto runs on the CPU in an agent without the CUDA backend.
+  Result<AcceleratorChoice> choice = resolve_accelerator(c.accelerator);
+  ASSERT_TRUE(choice.ok());
+  EXPECT_EQ(choice->kind, AcceleratorKind::kCpu);
+  EXPECT_EQ(choice->str(), "cpu");
+}
+
+TEST(AgentConfig, WrongAcceleratorIsRefusedAtItsLine) {
+  expect_error(with("accelerator: cpu", "accelerator: tpu"), "4:14",
+               {"accelerator", "'tpu' is not one of: auto, cpu, gpu:N"});
+  expect_error(with("accelerator: cpu", "accelerator: gpu:x"), "4:14", {"accelerator", "gpu:N"});
+  // A well-formed GPU setting is refused for what it is: this agent has no GPU backend.
+  expect_error(with("accelerator: cpu", "accelerator: gpu:0"), "4:14",
+               {"accelerator", "gpu:0", "built without the CUDA accelerator"});
+  EXPECT_FALSE(resolve_accelerator(AcceleratorSetting{AcceleratorKind::kGpu, 1}).ok());
+}
+
+TEST(AgentConfig, RdmaTransportIsRefused) {
+  expect_error(with("transport: shm", "transport: rdma"), "5:12",
+               {"transport", "'rdma' is not supported"});
+  expect_error(with("transport: shm", "transport: tcp"), "5:12",
+               {"transport", "'tcp' is not one of: auto, shm"});
+}
+
+TEST(AgentConfig, BadRingGeometryIsRefusedAtTheField) {
+  expect_error(with("ring_capacity: 256", "ring_capacity: 100"), "12:20",
+               {"services[0].ring_capacity", "not a power of two"});
+  expect_error(with("slot_bytes: 256", "slot_bytes: 32"), "13:17",
+               {"services[0].slot_bytes", "out of range"});
+  // Each field fine alone, but 1024 bytes do not fit in half of a 4-slot ring of 256 bytes.
+  expect_error(with("ring_capacity: 256", "ring_capacity: 4"), "14:24",
+               {"services[0].max_message_bytes", "half the ring", "ring_capacity 4"});
+  expect_error(with("max_message_bytes: 1024", "max_message_bytes: 0"), "14:24",
+               {"services[0].max_message_bytes", "out of range"});
+  expect_error(with("queues: 2", "queues: 0"), "11:13", {"services[0].queues", "out of range"});
+}
+
+TEST(AgentConfig, UnknownKeysAreRefused) {
+  expect_error(with("log_level: debug", "log_levle: debug"), "6:1",
+               {"unknown setting 'log_levle'", "log_level"});
+  expect_error(with("queues: 2", "queue: 2"), "11:5", {"services[0]", "unknown setting 'queue'"});
+  expect_error(with("{ destination: memcached }", "{ destination: memcached, port: 1 }"), "18:35",
+               {"services[1].client_queues[0]", "unknown setting 'port'"});
+  expect_error(with("burst: 16", "bursts: 16"), "7:34", {"cpu", "unknown setting 'bursts'"});
+}
+
+TEST(AgentConfig, SecretIsRequiredAndLongEnough) {
+  expect_error(with("secret: change-me-0123456789\n", ""), "1:1",
+               {"missing required setting 'secret' or 'secret_file'"});
+  expect_error(with("secret: change-me-0123456789", "secret: short"), "3:9",
+               {"secret", "at least 16 characters"});
+  expect_error(
+      with("secret: change-me-0123456789", "secret: change-me-0123456789\nsecret_file: /x"), "4:14",
+      {"secret_file", "not both"});
+  expect_error(with("secret: change-me-0123456789", "secret_file: /nonexistent/secret"), "3:14",
+               {"secret_file", "cannot read secret file '/nonexistent/secret'"});
+}
+
+TEST(AgentConfig, SecretFileIsReadWithoutItsNewline) {
+  char path[] = "/tmp/caracal-agent-secret-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  { std::ofstream(path) << "0123456789abcdefXYZ\n"; }
+  EXPECT_EQ(parse(with("secret: change-me-0123456789", std::string("secret_file: ") + path)).secret,
+            "0123456789abcdefXYZ");
+  { std::ofstream(path) << "tooshort\n"; }
+  expect_error(with("secret: change-me-0123456789", std::string("secret_file: ") + path), "3:14",
+               {"secret_file", "at least 16 characters"});
+  std::remove(path);
+}
+
+TEST(AgentConfig, ClientQueueNeedsADestination) {
+  expect_error(with("destination: redis", "{}"), "19:9",
+               {"services[1].client_queues[1]", "missing required setting 'destination'"});
+  expect_error(with("destination: redis", "destination: 'red is'"), "19:22",
+               {"services[1].client_queues[1].destination", "not a valid destination name"});
+}
+
+TEST(AgentConfig, NamesAndOtherSettings) {
+  expect_error(with("agent: echo-1", "agent: 'echo 1'"), "1:8",
+               {"agent", "not a valid agent name"});
+  expect_error(with("agent: echo-1", "agent: " + std::string(65, 'a')), "1:8", {"agent"});
+  expect_error(with("server: 127.0.0.1:7100", "server: localhost"), "2:9", {"server", "host:port"});
+  expect_error(with("server: 127.0.0.1:7100", "server: 127.0.0.1:0"), "2:9",
+               {"server", "cannot be 0"});
+  expect_error(with("log_level: debug", "log_level: loud"), "6:12", {"log_level", "'loud'"});
+  expect_error(with("name: kv", "name: echo"), "15:11", {"services[1].name", "duplicate"});
+  expect_error(with("cpus: [0, 1]", "cpus: []"), "7:26", {"cpu.cpus", "empty"});
+  expect_error(with("reconnect_interval_ms: 50", "reconnect_interval_ms: 0"), "8:24",
+               {"reconnect_interval_ms", "out of range"});
+  expect_error("agent: a\nserver: 127.0.0.1:1\nsecret: 0123456789abcdef\nservices: []\n", "4:11",
+               {"services", "at least one service"});
+  expect_error("agent: a\nserver: 127.0.0.1:1\nsecret: 0123456789abcdef\n", "1:1",
+               {"missing required setting 'services'"});
+}
+
+TEST(AgentConfig, ShippedConfigIsValid) {
+  const AgentConfig c = load_agent_config(CARACAL_CONFIGS_DIR "/echo-agent.yaml");
+  EXPECT_EQ(c.server.port, 7100);
+  ASSERT_EQ(c.services.size(), 1u);
+  EXPECT_EQ(c.services[0].name, "echo");
+  EXPECT_EQ(c.services[0].max_message_bytes, 1024u);
+}
+
+}  // namespace
+}  // namespace caracal::host

@@ -8,6 +8,8 @@ packages=(
   libgtest-dev libgmock-dev
   libboost-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
   clang-format
+  # End-to-end tests: unmodified clients, and a memcached for destinations to call.
+  sockperf socat netcat-openbsd memcached libmemcached-tools curl
 )
 
 missing=()

@@ -118,7 +118,8 @@ FramingConfig parse_framing(const Field& f, uint32_t max_message_bytes) {
   c.kind =
       f.required("kind").as_choice<FramingKind>({{"fixed", FramingKind::kFixed},
                                                  {"length_prefixed", FramingKind::kLengthPrefixed},
-                                                 {"line", FramingKind::kLine}});
+                                                 {"line", FramingKind::kLine},
+                                                 {"memcached", FramingKind::kMemcached}});
   const auto size = f.optional("size");
   const auto prefix = f.optional("prefix_bytes");
   const auto order = f.optional("byte_order");
@@ -161,6 +162,13 @@ FramingConfig parse_framing(const Field& f, uint32_t max_message_bytes) {
       only_for(prefix, "length_prefixed");
       only_for(order, "length_prefixed");
       only_for(counts, "length_prefixed");
+      break;
+    case FramingKind::kMemcached:
+      only_for(size, "fixed");
+      only_for(prefix, "length_prefixed");
+      only_for(order, "length_prefixed");
+      only_for(counts, "length_prefixed");
+      only_for(delimiter, "line");
       break;
   }
   if (Result<Codec> codec = Codec::make(c); !codec.ok()) f.fail(codec.status().message());

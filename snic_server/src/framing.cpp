@@ -1,5 +1,6 @@
 #include "caracal/server/framing.hpp"
 
+#include <charconv>
 #include <string_view>
 
 namespace caracal::server {
@@ -16,6 +17,177 @@ uint64_t read_prefix(const std::byte* p, uint32_t width, ByteOrder order) {
 
 uint64_t prefix_limit(uint32_t width) {
   return width >= 8 ? UINT64_MAX : (uint64_t{1} << (8 * width)) - 1;
+}
+
+// ---- memcached text and meta protocol replies -------------------------------------------------
+
+// A reply line for an error message: at most 64 bytes, non-printable bytes as \xNN.
+std::string quoted(std::string_view line) {
+  static constexpr size_t kShown = 64;
+  std::string out = "'";
+  for (size_t i = 0; i < line.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(line[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  if (line.size() > kShown) out += "...";
+  return out + "'";
+}
+
+// Splits off the first space-separated token.
+std::string_view next_token(std::string_view& rest) {
+  const size_t sp = rest.find(' ');
+  const std::string_view token = rest.substr(0, sp);
+  rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp + 1);
+  return token;
+}
+
+bool parse_decimal(std::string_view s, uint64_t* out) {
+  if (s.empty() || s.size() > 20) return false;
+  for (const char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+bool is_visible(char c) {
+  return c > 0x20 && c < 0x7f;
+}
+
+// A memcached key: 1 to 250 bytes, no spaces or control characters.
+bool valid_key(std::string_view k) {
+  if (k.empty() || k.size() > 250) return false;
+  for (const char c : k) {
+    if (!is_visible(c)) return false;
+  }
+  return true;
+}
+
+// Meta protocol return flags: each a letter followed by visible bytes (`c123`, `Oabc`, `k`).
+bool valid_meta_flags(std::string_view rest) {
+  while (!rest.empty()) {
+    const std::string_view flag = next_token(rest);
+    if (flag.empty()) return false;
+    if (!((flag[0] >= 'a' && flag[0] <= 'z') || (flag[0] >= 'A' && flag[0] <= 'Z'))) return false;
+    for (const char c : flag) {
+      if (!is_visible(c)) return false;
+    }
+  }
+  return true;
+}
+
+// Whether `line` (no \r\n) is a complete reply of one line.
+bool single_line_reply(std::string_view line) {
+  std::string_view rest = line;
+  const std::string_view word = next_token(rest);
+  const bool bare = line.size() == word.size();
+  if (word == "STORED" || word == "NOT_STORED" || word == "EXISTS" || word == "NOT_FOUND" ||
+      word == "DELETED" || word == "TOUCHED" || word == "OK" || word == "END" || word == "RESET" ||
+      word == "EN" || word == "MN") {
+    return bare;
+  }
+  if (word == "ERROR" || word == "CLIENT_ERROR" || word == "SERVER_ERROR") return true;
+  if (word == "VERSION" || word == "ME") return !bare && !rest.empty();
+  if (word == "HD" || word == "NF" || word == "NS" || word == "EX") {
+    return bare || (!rest.empty() && line.back() != ' ' && valid_meta_flags(rest));
+  }
+  uint64_t number = 0;  // the new value after incr/decr
+  return bare && parse_decimal(word, &number);
+}
+
+// One whole reply at the start of `all`: a single line; `VA <size> <flags>*` and its data
+// block; `STAT` lines up to END; or `VALUE <key> <flags> <bytes> [<cas>]` blocks up to END.
+Decoded decode_memcached(std::string_view all, uint64_t max) {
+  Decoded d;
+  const auto malformed = [&d](std::string why) {
+    d.status = DecodeStatus::kMalformed;
+    d.error = "memcached reply: " + std::move(why);
+    return d;
+  };
+  const auto too_long = [&]() {
+    return malformed("longer than max_message_bytes " + std::to_string(max));
+  };
+  const auto message = [&d](size_t end) {
+    d.status = DecodeStatus::kMessage;
+    d.payload_offset = 0;
+    d.payload_bytes = end;
+    d.consumed = end;
+    return d;
+  };
+  // Everything buffered belongs to the unfinished reply, so it is too long once that is.
+  const auto need_more = [&]() { return all.size() > max ? too_long() : d; };
+
+  enum class Within : uint8_t { kStart, kValues, kStats } within = Within::kStart;
+  size_t pos = 0;
+  for (;;) {
+    const size_t nl = all.find('\n', pos);
+    if (nl == std::string_view::npos) return need_more();
+    if (nl == pos || all[nl - 1] != '\r') {
+      return malformed("line at byte " + std::to_string(pos) +
+                       " ends in \\n without \\r: " + quoted(all.substr(pos, nl - pos)));
+    }
+    const std::string_view line = all.substr(pos, nl - 1 - pos);
+    const size_t next = nl + 1;
+    if (next > max) return too_long();
+    std::string_view rest = line;
+    const std::string_view word = next_token(rest);
+
+    if ((word == "VALUE" && within != Within::kStats) ||
+        (word == "VA" && within == Within::kStart)) {
+      uint64_t size = 0;
+      if (word == "VALUE") {
+        const std::string_view key = next_token(rest);
+        const std::string_view flags = next_token(rest);
+        const std::string_view bytes = next_token(rest);
+        const std::string_view cas = next_token(rest);
+        uint64_t number = 0;
+        if (!valid_key(key) || !parse_decimal(flags, &number) || number > UINT32_MAX ||
+            !parse_decimal(bytes, &size) || (!cas.empty() && !parse_decimal(cas, &number)) ||
+            !rest.empty() || line.back() == ' ') {
+          return malformed("bad VALUE line " + quoted(line) +
+                           " (want VALUE <key> <flags> <bytes> [<cas>])");
+        }
+      } else if (!parse_decimal(next_token(rest), &size) || !valid_meta_flags(rest) ||
+                 line.back() == ' ') {
+        return malformed("bad VA line " + quoted(line) + " (want VA <size> <flags>*)");
+      }
+      if (size > max || next + size + 2 > max) {
+        return malformed(quoted(line) + " announces " + std::to_string(size) +
+                         " data bytes; the reply would be longer than max_message_bytes " +
+                         std::to_string(max));
+      }
+      const size_t end = next + size + 2;
+      if (all.size() < end) return need_more();
+      if (all.substr(end - 2, 2) != "\r\n") {
+        return malformed("the " + std::to_string(size) + "-byte data block after " + quoted(line) +
+                         " is followed by " + quoted(all.substr(end - 2, 2)) + ", not \\r\\n");
+      }
+      if (word == "VA") return message(end);
+      within = Within::kValues;
+      pos = end;
+      continue;
+    }
+    if (line == "END") return message(next);
+    if (word == "STAT" && within != Within::kValues) {
+      if (rest.empty()) return malformed("bad STAT line " + quoted(line));
+      within = Within::kStats;
+      pos = next;
+      continue;
+    }
+    if (within == Within::kValues) {
+      return malformed("expected VALUE or END after a data block, got " + quoted(line));
+    }
+    if (within == Within::kStats) return malformed("expected STAT or END, got " + quoted(line));
+    if (single_line_reply(line)) return message(next);
+    return malformed("unknown reply line " + quoted(line));
+  }
 }
 
 }  // namespace
@@ -41,6 +213,8 @@ Result<Codec> Codec::make(const FramingConfig& c) {
       break;
     case FramingKind::kLine:
       if (c.delimiter.empty()) return invalid_argument("framing: line delimiter is empty");
+      break;
+    case FramingKind::kMemcached:
       break;
   }
   return Codec(c);
@@ -110,6 +284,11 @@ Decoded Codec::decode(std::span<const std::byte> buf) const {
       d.consumed = end + c.delimiter.size();
       return d;
     }
+
+    case FramingKind::kMemcached:
+      return decode_memcached(
+          std::string_view(reinterpret_cast<const char*>(buf.data()), buf.size()),
+          c.max_message_bytes);
   }
   return d;
 }
@@ -139,6 +318,7 @@ bool Codec::can_frame(uint64_t payload_bytes) const {
       return payload_bytes + (config_.prefix_counts_itself ? config_.prefix_bytes : 0) <=
              prefix_limit(config_.prefix_bytes);
     case FramingKind::kLine:
+    case FramingKind::kMemcached:
       return true;
   }
   return false;

@@ -23,8 +23,8 @@ struct Registry::Family {
   std::string name;
   std::string help;
   Type type;
-  std::vector<double> bounds;            // histograms
-  std::map<std::string, Series> series;  // by series_key(labels)
+  std::vector<double> bounds;       // histograms
+  std::map<Labels, Series> series;  // by series_key(labels)
 };
 
 namespace {
@@ -54,15 +54,11 @@ bool valid_label_name(std::string_view n) {
   return true;
 }
 
-// Labels sorted by name, each part length-prefixed so that no value can imitate a separator.
-std::string series_key(const Labels& labels) {
+// Labels sorted by name: the same set in any order is the same series.
+Labels series_key(const Labels& labels) {
   Labels sorted = labels;
   std::sort(sorted.begin(), sorted.end());
-  std::string key;
-  for (const auto& [name, value] : sorted) {
-    key += std::to_string(name.size()) + ':' + name + std::to_string(value.size()) + ':' + value;
-  }
-  return key;
+  return sorted;
 }
 
 void append_escaped(std::string& out, std::string_view s, bool quote) {

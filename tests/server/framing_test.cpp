@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "caracal/server/config.hpp"
+
 #include <string>
 #include <vector>
 
@@ -166,6 +168,169 @@ TEST(Framing, EmptyDelimiterAndZeroMaxAreRefused) {
   EXPECT_FALSE(
       Codec::make({.kind = FramingKind::kLine, .delimiter = "", .max_message_bytes = 8}).ok());
   EXPECT_FALSE(Codec::make({.kind = FramingKind::kLine, .max_message_bytes = 0}).ok());
+}
+
+// ---- memcached replies -------------------------------------------------------------------------
+
+Codec memcached(uint32_t max = 1024) {
+  return make({.kind = FramingKind::kMemcached, .max_message_bytes = max});
+}
+
+// One reply of every kind the text and meta protocols send.
+const std::vector<std::string> kMemcachedReplies = {
+    "VALUE k 0 5\r\nhello\r\nEND\r\n",
+    "VALUE a 1 3 99\r\nabc\r\nVALUE b 4294967295 0\r\n\r\nEND\r\n",
+    "VALUE k 0 7\r\nEND\r\n\r\n\r\nEND\r\n",  // the data looks like framing; its size decides
+    std::string("VALUE bin 0 4\r\n\r\n\0\n\r\nEND\r\n", 26),  // binary data, NUL included
+    "END\r\n",
+    "STORED\r\n",
+    "NOT_STORED\r\n",
+    "EXISTS\r\n",
+    "NOT_FOUND\r\n",
+    "DELETED\r\n",
+    "TOUCHED\r\n",
+    "OK\r\n",
+    "RESET\r\n",
+    "ERROR\r\n",
+    "CLIENT_ERROR bad data chunk\r\n",
+    "SERVER_ERROR out of memory storing object\r\n",
+    "VERSION 1.6.21\r\n",
+    "0\r\n",
+    "18446744073709551615\r\n",
+    "STAT pid 4242\r\nSTAT uptime 17\r\nEND\r\n",
+    "VA 5 f30 c123\r\nhello\r\n",
+    "VA 0\r\n\r\n",
+    "VA 4 kkey Oq1\r\nEN\r\n\r\n",
+    "HD\r\n",
+    "HD c99 Oab t-1\r\n",
+    "EN\r\n",
+    "NF\r\n",
+    "NF Oab\r\n",
+    "NS\r\n",
+    "EX c7\r\n",
+    "MN\r\n",
+    "ME key exp=-1 la=2 cas=3 fetch=no cls=1 size=63\r\n",
+};
+
+TEST(Framing, MemcachedEveryReplyKindAtEverySplitPoint) {
+  Codec codec = memcached();
+  for (const std::string& reply : kMemcachedReplies) {
+    const auto buf = bytes(reply);
+    for (size_t n = 0; n < buf.size(); ++n) {
+      const Decoded d = codec.decode(std::span(buf).first(n));
+      EXPECT_EQ(d.status, DecodeStatus::kNeedMore)
+          << "reply " << testing::PrintToString(reply) << " cut at " << n << ": " << d.error;
+    }
+    const Decoded d = codec.decode(buf);
+    ASSERT_EQ(d.status, DecodeStatus::kMessage) << testing::PrintToString(reply) << ": " << d.error;
+    EXPECT_EQ(d.payload_offset, 0u);
+    EXPECT_EQ(d.payload_bytes, buf.size());
+    EXPECT_EQ(d.consumed, buf.size());
+  }
+}
+
+TEST(Framing, MemcachedPipelinedRepliesComeOneAtATime) {
+  Codec codec = memcached();
+  std::string stream;
+  for (const std::string& r : kMemcachedReplies)
+    stream += r;
+  const auto buf = bytes(stream);
+  size_t at = 0;
+  for (const std::string& r : kMemcachedReplies) {
+    const Decoded d = codec.decode(std::span(buf).subspan(at));
+    ASSERT_EQ(d.status, DecodeStatus::kMessage) << testing::PrintToString(r) << ": " << d.error;
+    EXPECT_EQ(text(buf, at + d.payload_offset, d.payload_bytes), r);
+    at += d.consumed;
+  }
+  EXPECT_EQ(at, buf.size());
+}
+
+TEST(Framing, MemcachedAddsNoFraming) {
+  Codec codec = memcached();
+  std::byte header[Codec::header_capacity()];
+  EXPECT_EQ(codec.encode_header(9, header), 0u);
+  EXPECT_TRUE(codec.trailer().empty());
+  EXPECT_TRUE(codec.can_frame(1u << 20));
+}
+
+TEST(Framing, MemcachedMalformedRepliesSayWhy) {
+  Codec codec = memcached(64);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"FOO\r\n", "unknown reply line 'FOO'"},
+      {"\r\n", "unknown reply line ''"},
+      {"STORED extra\r\n", "unknown reply line 'STORED extra'"},
+      {"HD  c1\r\n", "unknown reply line"},
+      {"HD c1 \r\n", "unknown reply line"},
+      {"HD 1x\r\n", "unknown reply line"},
+      {"EN c1\r\n", "unknown reply line"},
+      {"VERSION\r\n", "unknown reply line 'VERSION'"},
+      {"99999999999999999999\r\n", "unknown reply line"},
+      {"12a\r\n", "unknown reply line"},
+      {std::string("\x01\x7f\r\n"), "'\\x01\\x7f'"},
+      {"STORED\n", "ends in \\n without \\r"},
+      {"VALUE k 0 abc\r\n", "bad VALUE line 'VALUE k 0 abc'"},
+      {"VALUE k 0\r\n", "bad VALUE line"},
+      {"VALUE k 0 1 2 3\r\n", "bad VALUE line"},
+      {"VALUE k 4294967296 1\r\n", "bad VALUE line"},
+      {"VALUE k 0 -1\r\n", "bad VALUE line"},
+      {"VA x f1\r\n", "bad VA line 'VA x f1'"},
+      {"VA 2 f1 \r\n", "bad VA line"},
+      {"VALUE k 0 5\r\nhelloXXEND\r\n",
+       "5-byte data block after 'VALUE k 0 5' is followed by 'XX'"},
+      {"VA 2\r\nabc\r\n", "followed by 'c\\x0d'"},
+      {"VALUE k 0 1\r\na\r\nSTORED\r\n", "expected VALUE or END after a data block, got 'STORED'"},
+      {"VALUE k 0 1\r\na\r\nVA 1\r\nb\r\n", "expected VALUE or END"},
+      {"STAT pid 1\r\nVALUE k 0 1\r\n", "expected STAT or END, got 'VALUE k 0 1'"},
+      {"STAT\r\n", "bad STAT line"},
+      {"VA 1\r\na\r\n", ""},  // fine: the control case
+  };
+  for (const auto& [reply, reason] : cases) {
+    const Decoded d = codec.decode(bytes(reply));
+    if (reason.empty()) {
+      EXPECT_EQ(d.status, DecodeStatus::kMessage) << testing::PrintToString(reply);
+      continue;
+    }
+    ASSERT_EQ(d.status, DecodeStatus::kMalformed) << testing::PrintToString(reply);
+    EXPECT_NE(d.error.find(reason), std::string::npos)
+        << testing::PrintToString(reply) << " -> " << d.error;
+    EXPECT_TRUE(d.error.starts_with("memcached reply: ")) << d.error;
+  }
+}
+
+TEST(Framing, MemcachedRepliesOverMaxMessageBytes) {
+  const std::string reply = "VALUE k 0 5\r\nhello\r\nEND\r\n";  // 25 bytes
+  EXPECT_EQ(memcached(25).decode(bytes(reply)).status, DecodeStatus::kMessage);
+  Decoded d = memcached(24).decode(bytes(reply));
+  ASSERT_EQ(d.status, DecodeStatus::kMalformed);
+  EXPECT_NE(d.error.find("longer than max_message_bytes 24"), std::string::npos) << d.error;
+  // A data block that cannot fit is refused before its bytes arrive.
+  d = memcached(64).decode(bytes("VALUE k 0 100\r\n"));
+  ASSERT_EQ(d.status, DecodeStatus::kMalformed);
+  EXPECT_NE(d.error.find("announces 100 data bytes"), std::string::npos) << d.error;
+  d = memcached(64).decode(bytes("VA 18446744073709551615\r\n"));
+  ASSERT_EQ(d.status, DecodeStatus::kMalformed);
+  EXPECT_NE(d.error.find("announces 18446744073709551615"), std::string::npos) << d.error;
+  // A line with no end in sight.
+  d = memcached(64).decode(bytes("SERVER_ERROR " + std::string(52, 'x')));
+  ASSERT_EQ(d.status, DecodeStatus::kMalformed);
+  EXPECT_NE(d.error.find("max_message_bytes 64"), std::string::npos) << d.error;
+  EXPECT_EQ(memcached(64).decode(bytes("SERVER_ERROR " + std::string(51, 'x'))).status,
+            DecodeStatus::kNeedMore);
+}
+
+TEST(Framing, MemcachedKindInConfig) {
+  const FramingConfig c =
+      parse_framing(config::load_yaml_text("kind: memcached\n", "framing.yaml"), 4096);
+  EXPECT_EQ(c.kind, FramingKind::kMemcached);
+  EXPECT_EQ(c.max_message_bytes, 4096u);
+  try {
+    parse_framing(
+        config::load_yaml_text("kind: memcached\ndelimiter: \"\\r\\n\"\n", "framing.yaml"), 4096);
+    FAIL() << "a delimiter was accepted for memcached framing";
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("only applies to framing kind 'line'"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Framing of a TCP byte stream into messages, per listener: fixed size, length-prefixed
 // (prefix width and byte order configurable) and line-delimited. UDP needs none: one datagram
-// is one message.
+// is one message. Destinations that speak memcached's text protocol use kMemcached: each
+// message is one whole reply (a get's VALUE blocks up to END, or a single line), framing
+// included, since the handler reads and writes the protocol bytes itself.
 //
 // A codec is stateless: decode() looks at the bytes buffered for a connection and says whether
 // they start with a whole message, need more bytes, or are malformed (the connection is then
@@ -18,7 +20,7 @@
 
 namespace caracal::server {
 
-enum class FramingKind : uint8_t { kFixed, kLengthPrefixed, kLine };
+enum class FramingKind : uint8_t { kFixed, kLengthPrefixed, kLine, kMemcached };
 
 enum class ByteOrder : uint8_t { kBig, kLittle };
 
@@ -29,7 +31,8 @@ struct FramingConfig {
   ByteOrder byte_order = ByteOrder::kBig;
   bool prefix_counts_itself = false;  // the length includes the prefix's own bytes
   std::string delimiter = "\n";       // kLine: ends every message (not part of the payload)
-  uint32_t max_message_bytes = 0;     // largest payload; longer ones are refused
+  uint32_t max_message_bytes = 0;     // largest payload; longer ones are refused (kMemcached:
+                                      // the whole reply)
 };
 
 enum class DecodeStatus : uint8_t { kNeedMore, kMessage, kMalformed };

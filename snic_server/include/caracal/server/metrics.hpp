@@ -119,7 +119,7 @@ class Registry {
 
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<Family>> families_;
-  std::map<uint64_t, std::pair<Family*, std::string>> callbacks_;  // id -> family, series key
+  std::map<uint64_t, std::pair<Family*, Labels>> callbacks_;  // id -> family, series key
   uint64_t next_callback_id_ = 1;
 };
 

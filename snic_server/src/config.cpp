@@ -36,6 +36,9 @@ ControlConfig parse_control(const Field& f) {
     if (c.secret.size() < 16) secret->fail("the shared secret must be at least 16 characters");
   } else if (secret_file) {
     c.secret = read_secret_file(*secret_file);
+    if (c.secret.size() < 16) {
+      secret_file->fail("the shared secret in the file must be at least 16 characters");
+    }
   } else {
     f.fail("missing required setting 'secret' or 'secret_file'");
   }

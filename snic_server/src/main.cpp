@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
   std::string log_level;
   app.add_option("-c,--config", config_path, "YAML configuration file")->required();
   app.add_flag("--check-config", check_only, "Validate the configuration and exit");
-  app.add_option("--log-level", log_level, "Override log_level (trace, debug, info, warn, error)");
+  app.add_option("--log-level", log_level, "Override log_level (trace, debug, info, warn, error)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.set_version_flag("--version", std::string("snic_server ") + CARACAL_VERSION);
   CLI11_PARSE(app, argc, argv);
 

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The key-lookup example against a real memcached started here: the handler calls memcached
+# through a client queue (the server holds the connection). Hits, misses, bad keys, a value
+# changed behind its back, and memcached going away (error replies, then recovery).
+source "$(dirname "$0")/lib.sh"
+need memcached nc curl
+KV_AGENT="$BUILD/examples/kv_lookup/caracal_kv_agent"
+
+# memcached on a port of its own, loopback only.
+MC_PORT=$((20000 + RANDOM % 20000))
+start_memcached() {
+  local as_user=(); [ "$(id -u)" -eq 0 ] && as_user=(-u nobody)
+  memcached "${as_user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m 16 -t 1 >"$WORK/memcached.log" 2>&1 &
+  MC_PID=$!
+  PIDS+=("$MC_PID")
+  for _ in $(seq 100); do
+    printf 'version\r\n' | timeout 2 nc -N -w 2 127.0.0.1 "$MC_PORT" 2>/dev/null | grep -q VERSION && return 0
+    sleep 0.05
+  done
+  fail "memcached did not start on port $MC_PORT"
+}
+mc_set() {  # key value
+  printf 'set %s 0 0 %d\r\n%s\r\n' "$1" "${#2}" "$2" | timeout 3 nc -N -w 2 127.0.0.1 "$MC_PORT" | grep -q STORED ||
+    fail "memcached did not store $1"
+}
+start_memcached
+mc_set greeting "hello from memcached"
+mc_set empty ""
+
+start_server "io_threads: 2
+control: { listen: 127.0.0.1:0, secret: $SECRET }
+metrics: { listen: 127.0.0.1:0 }
+services:
+  - name: kv
+    max_message_bytes: 1024
+    dispatch: least_loaded
+    listeners:
+      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line }, error_reply: 'ERROR {reason}' }
+destinations:
+  - { name: memcached, connect: 127.0.0.1:$MC_PORT, framing: { kind: memcached }, max_message_bytes: 1024 }"
+start_agent kv-1 "$KV_AGENT" "  - name: kv
+    queues: 2
+    ring_capacity: 64
+    slot_bytes: 256
+    max_message_bytes: 1024
+    client_queues: [ { destination: memcached } ]"
+KV=$(port_of "tcp/127.0.0.1:0")
+
+ask() { printf '%s\n' "$@" | timeout 5 nc -q 2 127.0.0.1 "$KV"; }
+
+out=$(ask greeting missing-key greeting)
+expected=$'hello from memcached\nNOT_FOUND\nhello from memcached'
+[ "$out" = "$expected" ] || fail "lookups gave '$out'"
+echo "hit, miss, hit: ok"
+
+mc_set greeting "changed"
+[ "$(ask greeting)" = "changed" ] || fail "the lookup did not see the new value"
+[ "$(ask empty)" = "" ] || fail "an empty value came back as '$(ask empty)'"
+
+# A key memcached would reject never reaches it: the handler answers with an error.
+out=$(printf 'bad\tkey\n' | timeout 5 nc -q 2 127.0.0.1 "$KV")
+[[ "$out" == "ERROR key has a space or control character" ]] || fail "a bad key gave '$out'"
+
+# Pipelined lookups on one connection come back in order.
+keys=()
+for i in $(seq 50); do mc_set "k$i" "v$i"; keys+=("k$i"); done
+out=$(ask "${keys[@]}")
+expected=$(for i in $(seq 50); do echo "v$i"; done)
+[ "$out" = "$expected" ] || fail "pipelined lookups came back wrong or out of order"
+echo "50 pipelined lookups: in order"
+
+# memcached goes away: lookups fail visibly (error replies); it comes back: they work again.
+kill -KILL "$MC_PID"
+wait "$MC_PID" 2>/dev/null || true
+out=$(ask greeting)
+[[ "$out" == ERROR* ]] || fail "with memcached down a lookup gave '$out'"
+echo "memcached down: $out"
+start_memcached
+mc_set greeting "back again"
+[ "$(ask greeting)" = "back again" ] || fail "lookups did not recover when memcached came back"
+[ "$(metric 'caracal_destination_failures_total')" -ge 1 ] || fail "the failed call was not counted"
+echo "PASS"

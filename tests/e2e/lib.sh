@@ -27,7 +27,7 @@ cleanup() {
       tail -n 40 "$f"
     done
   fi
-  rm -rf "$WORK"
+  [ -n "${KEEP_WORK:-}" ] && echo "kept $WORK" || rm -rf "$WORK"
   exit "$rc"
 }
 trap cleanup EXIT

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# An agent killed (SIGKILL) under load: the server fails that agent's requests in flight with
+# error replies, keeps serving with the other agent, and never sends a reply to the wrong
+# client (the load client checks every reply against its own request, in order). The agent
+# then comes back with a new epoch and is admitted again.
+source "$(dirname "$0")/lib.sh"
+need curl
+CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
+
+start_server "io_threads: 2
+control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 50, agent_timeout_ms: 500 }
+metrics: { listen: 127.0.0.1:0 }
+services:
+  - name: echo
+    max_message_bytes: 512
+    dispatch: round_robin
+    listeners:
+      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line }, error_reply: 'ERROR {reason}' }"
+SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 512 }"
+start_agent echo-1 "$ECHO_AGENT" "$SERVICE"
+start_agent echo-2 "$ECHO_AGENT" "$SERVICE"
+PORT=$(port_of "tcp/127.0.0.1:0")
+
+"$CLIENT" --connect "127.0.0.1:$PORT" --connections 200 --requests 3000 --pipeline 8 \
+  --min-bytes 1 --max-bytes 500 --framing line --seed 7 --timeout-s 150 \
+  --error-prefix "ERROR " >"$WORK/client.log" 2>&1 &
+CLIENT_PID=$!
+PIDS+=("$CLIENT_PID")
+
+# Kill echo-1 once the load is well under way.
+for _ in $(seq 200); do
+  [ "$(metric caracal_service_replies_total)" -ge 20000 ] && break
+  sleep 0.05
+done
+[ "$(metric caracal_service_replies_total)" -ge 20000 ] || fail "the load never got going"
+kill -KILL "$AGENT_PID_echo_1"
+echo "killed echo-1 after $(metric caracal_service_replies_total) replies"
+wait_for_line "$WORK/server.log" "agent 'echo-1' lost"
+
+client_rc=0
+wait "$CLIENT_PID" || client_rc=$?
+cat "$WORK/client.log"
+[ "$client_rc" -eq 0 ] || fail "the load client saw a wrong or missing reply (exit $client_rc)"
+errors=$(sed -nE 's/.*errors=([0-9]+).*/\1/p' "$WORK/client.log")
+echo "requests failed visibly when echo-1 died: $errors"
+[ "$(metric caracal_agents)" -eq 1 ] || fail "the server still counts $(metric caracal_agents) agents"
+
+# The other agent alone serves everything now, with no errors.
+"$CLIENT" --connect "127.0.0.1:$PORT" --connections 50 --requests 200 --pipeline 8 \
+  --max-bytes 500 --framing line --seed 8 --timeout-s 60 || fail "the surviving agent did not serve cleanly"
+
+# echo-1 returns (a new process, a new epoch) and is admitted again.
+start_agent echo-1 "$ECHO_AGENT" "$SERVICE"
+[ "$(grep -c "agent 'echo-1' registered" "$WORK/server.log")" -eq 2 ] || fail "echo-1 was not admitted again"
+"$CLIENT" --connect "127.0.0.1:$PORT" --connections 50 --requests 200 --pipeline 8 \
+  --max-bytes 500 --framing line --seed 9 --timeout-s 60 || fail "serving failed after echo-1 returned"
+[ "$(metric caracal_agents)" -eq 2 ] || fail "the server counts $(metric caracal_agents) agents, not 2"
+echo "PASS"

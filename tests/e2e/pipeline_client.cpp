@@ -57,7 +57,7 @@ struct Options {
 };
 
 constexpr size_t kPrefixBytes = 4;
-constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kReadChunk = size_t{64} * 1024;
 
 std::string hex_byte(unsigned char c) {
   char buf[8];
@@ -432,5 +432,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  return run(o);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipeline_client: %s\n", e.what());
+    return 1;
+  }
 }

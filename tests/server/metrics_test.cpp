@@ -314,6 +314,10 @@ TEST_F(MetricsHttp, GetMetricsKeepsTheConnectionAlive) {
   EXPECT_EQ(res.result(), http::status::ok);
   EXPECT_EQ(res[http::field::content_length], std::to_string(registry_.render().size()));
   EXPECT_TRUE(res.body().empty());
+  // HEAD sent no body: the next reply on the connection is parsed from its first byte.
+  res = exchange(s, http::verb::get, "/metrics");
+  EXPECT_EQ(res.result(), http::status::ok);
+  EXPECT_EQ(res.body(), registry_.render());
 }
 
 TEST_F(MetricsHttp, OtherPathsAreNotFound) {

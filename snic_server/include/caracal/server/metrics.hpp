@@ -20,9 +20,11 @@
 #include <utility>
 #include <vector>
 
-#include <boost/asio/io_context.hpp>
-
 #include "caracal/mqueue/status.hpp"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace caracal::server {
 

@@ -22,23 +22,6 @@ std::string name_of(const Field& f, const char* what) {
   return v;
 }
 
-std::string read_secret_file(const Field& f) {
-  const std::string path = f.as_string();
-  std::ifstream in(path);
-  if (!in) f.fail("cannot read secret file '" + path + "'");
-  std::ostringstream s;
-  s << in.rdbuf();
-  std::string secret = s.str();
-  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r'))
-    secret.pop_back();
-  if (secret.empty()) f.fail("secret file '" + path + "' is empty");
-  if (secret.size() < control::kMinSecretBytes) {
-    f.fail("the shared secret in '" + path + "' must be at least " +
-           std::to_string(control::kMinSecretBytes) + " characters");
-  }
-  return secret;
-}
-
 AcceleratorSetting parse_accelerator(const Field& f) {
   const std::string v = f.as_string();
   AcceleratorSetting a;
@@ -164,13 +147,7 @@ std::vector<std::string> ServiceConfig::destinations() const {
 }
 
 bool is_valid_name(std::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (const char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
-  }
-  return true;
+  return control::is_valid_name(name);
 }
 
 AgentConfig parse_agent_config(const Field& root) {
@@ -182,20 +159,7 @@ AgentConfig parse_agent_config(const Field& root) {
   c.server = config::as_host_port(server);
   if (c.server.port == 0) server.fail("the server's control port cannot be 0");
 
-  const auto secret = root.optional("secret");
-  const auto secret_file = root.optional("secret_file");
-  if (secret && secret_file) secret_file->fail("give either 'secret' or 'secret_file', not both");
-  if (secret) {
-    c.secret = secret->as_string();
-    if (c.secret.size() < control::kMinSecretBytes) {
-      secret->fail("the shared secret must be at least " +
-                   std::to_string(control::kMinSecretBytes) + " characters");
-    }
-  } else if (secret_file) {
-    c.secret = read_secret_file(*secret_file);
-  } else {
-    root.fail("missing required setting 'secret' or 'secret_file'");
-  }
+  c.secret = control::read_secret(root);
 
   if (auto v = root.optional("accelerator")) c.accelerator = parse_accelerator(*v);
   if (auto v = root.optional("transport")) c.transport = parse_transport(*v);

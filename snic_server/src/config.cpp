@@ -1,5 +1,7 @@
 #include "caracal/server/config.hpp"
 
+#include "caracal/control/protocol.hpp"
+
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -11,37 +13,11 @@ namespace {
 
 using config::Field;
 
-std::string read_secret_file(const Field& f) {
-  const std::string path = f.as_string();
-  std::ifstream in(path);
-  if (!in) f.fail("cannot read secret file '" + path + "'");
-  std::ostringstream s;
-  s << in.rdbuf();
-  std::string secret = s.str();
-  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r'))
-    secret.pop_back();
-  if (secret.empty()) f.fail("secret file '" + path + "' is empty");
-  return secret;
-}
-
 ControlConfig parse_control(const Field& f) {
   f.allow_only({"listen", "secret", "secret_file", "heartbeat_interval_ms", "agent_timeout_ms"});
   ControlConfig c;
   c.listen = config::as_host_port(f.required("listen"));
-  const auto secret = f.optional("secret");
-  const auto secret_file = f.optional("secret_file");
-  if (secret && secret_file) secret_file->fail("give either 'secret' or 'secret_file', not both");
-  if (secret) {
-    c.secret = secret->as_string();
-    if (c.secret.size() < 16) secret->fail("the shared secret must be at least 16 characters");
-  } else if (secret_file) {
-    c.secret = read_secret_file(*secret_file);
-    if (c.secret.size() < 16) {
-      secret_file->fail("the shared secret in the file must be at least 16 characters");
-    }
-  } else {
-    f.fail("missing required setting 'secret' or 'secret_file'");
-  }
+  c.secret = control::read_secret(f);
   if (auto v = f.optional("heartbeat_interval_ms")) {
     c.heartbeat_interval_ms = static_cast<uint32_t>(v->as_uint(1, 60'000));
   }

@@ -1,6 +1,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "caracal/config/yaml.hpp"
 #include "caracal/control/protocol.hpp"
@@ -8,21 +10,9 @@
 namespace caracal::control {
 namespace {
 
-// Names of the agents, services and destinations: printable, no spaces, bounded, so they can
-// go into logs and metric labels as they are.
-bool valid_name(const std::string& s) {
-  if (s.empty() || s.size() > 64) return false;
-  for (const char c : s) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 std::string name_of(const config::Field& f) {
   const std::string v = f.as_string();
-  if (!valid_name(v)) f.fail("'" + v + "' is not a name (1-64 of A-Z a-z 0-9 - _ .)");
+  if (!is_valid_name(v)) f.fail("'" + v + "' is not a name (1-64 of A-Z a-z 0-9 - _ .)");
   return v;
 }
 
@@ -190,6 +180,43 @@ const char* type_name(const Message& message) {
   static constexpr const char* kNames[] = {"hello",     "welcome", "region", "attached",
                                            "heartbeat", "bye",     "refused"};
   return kNames[message.index()];
+}
+
+bool is_valid_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string read_secret(const config::Field& mapping) {
+  const auto inline_secret = mapping.optional("secret");
+  const auto file = mapping.optional("secret_file");
+  if (inline_secret && file) file->fail("give either 'secret' or 'secret_file', not both");
+  const std::string too_short =
+      "must be at least " + std::to_string(kMinSecretBytes) + " characters";
+  if (inline_secret) {
+    std::string secret = inline_secret->as_string();
+    if (secret.size() < kMinSecretBytes) inline_secret->fail("the shared secret " + too_short);
+    return secret;
+  }
+  if (!file) mapping.fail("missing required setting 'secret' or 'secret_file'");
+  const std::string path = file->as_string();
+  std::ifstream in(path);
+  if (!in) file->fail("cannot read secret file '" + path + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string secret = text.str();
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r'))
+    secret.pop_back();
+  if (secret.empty()) file->fail("secret file '" + path + "' is empty");
+  if (secret.size() < kMinSecretBytes) {
+    file->fail("the shared secret in '" + path + "' " + too_short);
+  }
+  return secret;
 }
 
 bool secrets_equal(std::string_view a, std::string_view b) {

@@ -68,12 +68,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
              mqueue::kSlotError);
       return;
     }
-    std::byte header[Codec::header_capacity()];
-    const size_t n = codec_.encode_header(bytes.size(), header);
-    out_.append(reinterpret_cast<const char*>(header), n);
-    out_.append(bytes);
-    const auto trailer = codec_.trailer();
-    out_.append(reinterpret_cast<const char*>(trailer.data()), trailer.size());
+    codec_.append_framed(out_, bytes);
     waiting_.push_back(token);
     if (connected_) {
       write();

@@ -324,4 +324,13 @@ bool Codec::can_frame(uint64_t payload_bytes) const {
   return false;
 }
 
+void Codec::append_framed(std::string& out, std::string_view payload) const {
+  std::byte header[header_capacity()];
+  const size_t n = encode_header(payload.size(), header);
+  out.append(reinterpret_cast<const char*>(header), n);
+  out.append(payload);
+  const std::span<const std::byte> t = trailer();
+  out.append(reinterpret_cast<const char*>(t.data()), t.size());
+}
+
 }  // namespace caracal::server

@@ -294,12 +294,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   }
 
   void frame(const std::string& payload) {
-    std::byte header[Codec::header_capacity()];
-    const size_t n = shared_->codec.encode_header(payload.size(), header);
-    out_.append(reinterpret_cast<const char*>(header), n);
-    out_.append(payload);
-    const auto trailer = shared_->codec.trailer();
-    out_.append(reinterpret_cast<const char*>(trailer.data()), trailer.size());
+    shared_->codec.append_framed(out_, payload);
     shared_->stats.replies.inc();
   }
 

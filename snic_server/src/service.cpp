@@ -22,6 +22,10 @@ Service::Service(const ServiceConfig& config, Engine& engine, Registry& metrics)
       errors_(metrics.counter("caracal_service_errors_total",
                               "Answers that were errors (handler errors, lost agents)",
                               {{"service", config.name}})),
+      pauses_(metrics.counter("caracal_service_backpressure_pauses_total",
+                              "Times a TCP connection stopped reading because the service's "
+                              "queues were congested",
+                              {{"service", config.name}})),
       latency_(metrics.histogram("caracal_service_latency_seconds",
                                  "Time from dispatch to the answer leaving the engine",
                                  {{"service", config.name}}, latency_buckets_seconds())) {}
@@ -175,6 +179,7 @@ void Service::park(std::function<void()> resume) {
     // check sees the room, or on_room() sees this connection parked.
     if (any_congested()) {
       parked_.push_back(std::move(resume));
+      pauses_.inc();
       return;
     }
   }

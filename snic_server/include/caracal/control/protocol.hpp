@@ -30,6 +30,7 @@
 #include <variant>
 #include <vector>
 
+#include "caracal/config/yaml.hpp"
 #include "caracal/mqueue/status.hpp"
 
 namespace caracal::control {
@@ -87,6 +88,15 @@ Result<uint32_t> frame_length(const std::byte* prefix);
 Result<Message> decode(std::string_view payload, const std::string& origin);
 
 const char* type_name(const Message& message);
+
+// Names of agents, services and destinations: 1 to 64 of A-Z a-z 0-9 - _ . (they go into logs
+// and metric labels as they are).
+bool is_valid_name(std::string_view name);
+
+// The shared secret of a config mapping (server `control:` or an agent's top level): `secret:
+// TEXT` or `secret_file: PATH` (trailing newlines dropped), exactly one of the two, at least
+// kMinSecretBytes long. Throws config::ConfigError at the offending line.
+std::string read_secret(const config::Field& mapping);
 
 // Compares two secrets in time that depends only on their lengths, not on where they differ.
 bool secrets_equal(std::string_view a, std::string_view b);

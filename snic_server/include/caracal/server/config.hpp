@@ -24,7 +24,7 @@
 //   destinations:                  # what client queues call
 //     - name: memcached
 //       connect: 127.0.0.1:11211
-//       framing: { kind: line, delimiter: "\r\n" }
+//       framing: { kind: memcached }
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "caracal/mqueue/status.hpp"
@@ -59,6 +60,10 @@ class Codec {
   // Framing bytes that go after a reply (the delimiter; none for the other kinds).
   std::span<const std::byte> trailer() const;
   static constexpr size_t header_capacity() { return 8; }
+
+  // Appends `payload` with its framing (header before, trailer after) to `out`. The caller
+  // has checked can_frame().
+  void append_framed(std::string& out, std::string_view payload) const;
 
   // Whether a reply of this size can be framed (a fixed-size codec only frames its size; a
   // prefix only counts so far).

@@ -98,6 +98,7 @@ class Service {
   Counter& requests_;
   Counter& replies_;
   Counter& errors_;
+  Counter& pauses_;
   Histogram& latency_;
 };
 

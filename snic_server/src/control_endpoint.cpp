@@ -9,6 +9,7 @@
 #include <deque>
 
 #include "caracal/control/protocol.hpp"
+#include "caracal/server/listeners.hpp"
 
 namespace caracal::server {
 
@@ -332,8 +333,12 @@ ControlEndpoint::ControlEndpoint(asio::io_context& io, const ServerConfig& confi
       services_(std::move(services)),
       destinations_(destinations),
       metrics_(metrics),
-      acceptor_(io) {
-  metrics_.gauge("caracal_agents", "Agents registered now");
+      acceptor_(io),
+      agents_gauge_(metrics.gauge("caracal_agents", "Agents registered now")) {}
+
+void ControlEndpoint::publish_agent_count_locked() {
+  agents_gauge_.set(static_cast<int64_t>(std::count_if(
+      agents_.begin(), agents_.end(), [](const auto& kv) { return !kv.second.expired(); })));
 }
 
 ControlEndpoint::~ControlEndpoint() {
@@ -341,23 +346,9 @@ ControlEndpoint::~ControlEndpoint() {
 }
 
 Status ControlEndpoint::listen() {
-  error_code ec;
-  const auto address = asio::ip::make_address(
-      config_.control.listen.host == "localhost" ? "127.0.0.1" : config_.control.listen.host, ec);
-  if (ec) {
-    return invalid_argument("control.listen: '" + config_.control.listen.host +
-                            "' is not an IP address");
-  }
-  const tcp::endpoint ep(address, config_.control.listen.port);
-  acceptor_.open(ep.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(ep, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return Status(StatusCode::kIoError, "control endpoint: cannot listen on " +
-                                            config_.control.listen.str() + ": " + ec.message());
-  }
-  port_ = acceptor_.local_endpoint(ec).port();
+  Result<uint16_t> port = listen_tcp(acceptor_, config_.control.listen, "control endpoint");
+  if (!port.ok()) return port.status();
+  port_ = *port;
   accept();
   return Status::ok_status();
 }
@@ -403,9 +394,7 @@ std::shared_ptr<ControlSession> ControlEndpoint::take_name(
   std::weak_ptr<ControlSession>& slot = agents_[agent];
   std::shared_ptr<ControlSession> previous = slot.lock();
   slot = session;
-  metrics_.gauge("caracal_agents", "Agents registered now")
-      .set(static_cast<int64_t>(std::count_if(
-          agents_.begin(), agents_.end(), [](const auto& kv) { return !kv.second.expired(); })));
+  publish_agent_count_locked();
   return previous == session ? nullptr : previous;
 }
 
@@ -416,9 +405,7 @@ void ControlEndpoint::forget(const std::string& agent, const ControlSession* ses
     auto s = it->second.lock();
     if (!s || s.get() == session) agents_.erase(it);
   }
-  metrics_.gauge("caracal_agents", "Agents registered now")
-      .set(static_cast<int64_t>(std::count_if(
-          agents_.begin(), agents_.end(), [](const auto& kv) { return !kv.second.expired(); })));
+  publish_agent_count_locked();
 }
 
 size_t ControlEndpoint::agent_count() const {

@@ -27,7 +27,9 @@ std::vector<Message> QueueInbox::close() {
   std::lock_guard lock(m_);
   open_ = false;
   waiting.fetch_sub(static_cast<uint32_t>(items_.size()), std::memory_order_relaxed);
-  return std::move(items_);
+  std::vector<Message> left;
+  left.swap(items_);
+  return left;
 }
 
 bool QueueInbox::take(std::deque<Message>& out) {
@@ -77,15 +79,13 @@ using Clock = std::chrono::steady_clock;
 template <mqueue::Transport T>
 class TransportBinding final : public RegionBinding {
  public:
+  // `memory` keeps whatever backs the region (the shm mapping) alive as long as the binding.
   TransportBinding(std::unique_ptr<T> transport, mqueue::RemoteRegion<T> region,
-                   std::function<void()> release)
-      : transport_(std::move(transport)),
+                   std::shared_ptr<void> memory)
+      : memory_(std::move(memory)),
+        transport_(std::move(transport)),
         region_(std::move(region)),
-        release_(std::move(release)),
         backlog_(mqueue::queue_count(region_.header())) {}
-  ~TransportBinding() override {
-    if (release_) release_();
-  }
 
   const mqueue::RegionHeader& header() const override { return region_.header(); }
 
@@ -185,7 +185,7 @@ class TransportBinding final : public RegionBinding {
     if (it == in_flight_.end()) {
       // Not a token this region was given (or one already answered): a handler bug. It cannot
       // be routed safely, so it is dropped.
-      if (r.service() != nullptr) r.service()->count_drop("unknown_token");
+      if (r.service() != nullptr) r.service()->count_drop(DropReason::kUnknownToken);
       return;
     }
     const Clock::time_point submitted = it->second;
@@ -213,15 +213,11 @@ class TransportBinding final : public RegionBinding {
     link->send(e.token, std::move(bytes));
   }
 
+  std::shared_ptr<void> memory_;  // declared first: destroyed after the transport using it
   std::unique_ptr<T> transport_;
   mqueue::RemoteRegion<T> region_;
-  std::function<void()> release_;
   std::vector<std::deque<Message>> backlog_;
   std::unordered_map<uint64_t, Clock::time_point> in_flight_;
-};
-
-struct ShmHolder {
-  mqueue::ShmMapping mapping;
 };
 
 }  // namespace
@@ -230,21 +226,18 @@ Result<std::unique_ptr<RegionBinding>> bind_shm_region(const std::string& shm_na
                                                        uint64_t region_bytes) {
   Result<mqueue::ShmMapping> m = mqueue::ShmMapping::open_named(shm_name);
   if (!m.ok()) return m.status();
-  auto holder = std::make_shared<ShmHolder>();
-  holder->mapping = std::move(m).value();
-  if (holder->mapping.size() != region_bytes) {
+  auto mapping = std::make_shared<mqueue::ShmMapping>(std::move(m).value());
+  if (mapping->size() != region_bytes) {
     return invalid_argument("region_bytes: the agent announced " + std::to_string(region_bytes) +
                             " bytes but shm '" + shm_name + "' holds " +
-                            std::to_string(holder->mapping.size()));
+                            std::to_string(mapping->size()));
   }
-  auto transport =
-      std::make_unique<mqueue::ShmTransport>(holder->mapping.data(), holder->mapping.size());
+  auto transport = std::make_unique<mqueue::ShmTransport>(mapping->data(), mapping->size());
   Result<mqueue::RemoteRegion<mqueue::ShmTransport>> region =
       mqueue::RemoteRegion<mqueue::ShmTransport>::attach(transport.get());
   if (!region.ok()) return region.status();
-  // The binding keeps the mapping alive for as long as the engine uses the region.
   return std::unique_ptr<RegionBinding>(new TransportBinding<mqueue::ShmTransport>(
-      std::move(transport), std::move(region).value(), [holder]() mutable { holder.reset(); }));
+      std::move(transport), std::move(region).value(), std::move(mapping)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -322,7 +315,7 @@ void Engine::answer(Service* service, uint64_t token, Reply reply, Clock::time_p
   std::optional<ReplyTable::Route> route = replies_.route(token);
   if (!route) {
     // The connection closed (or the UDP request was already failed): nobody to answer.
-    if (service != nullptr) service->count_drop("connection_closed");
+    if (service != nullptr) service->count_drop(DropReason::kConnectionClosed);
     return;
   }
   route->sink->deliver(token, route->peer, std::move(reply));

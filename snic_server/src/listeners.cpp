@@ -24,6 +24,33 @@ using tcp = asio::ip::tcp;
 using udp = asio::ip::udp;
 using boost::system::error_code;
 
+namespace {
+Result<asio::ip::address> parse_address(const config::HostPort& hp) {
+  error_code ec;
+  const auto a = asio::ip::make_address(hp.host == "localhost" ? "127.0.0.1" : hp.host, ec);
+  if (ec) return invalid_argument("'" + hp.host + "' is not an IP address");
+  return a;
+}
+}  // namespace
+
+Result<uint16_t> listen_tcp(tcp::acceptor& acceptor, const config::HostPort& at,
+                            const std::string& what) {
+  Result<asio::ip::address> address = parse_address(at);
+  if (!address.ok()) return invalid_argument(what + ": " + address.status().message());
+  const tcp::endpoint ep(*address, at.port);
+  error_code ec;
+  acceptor.open(ep.protocol(), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(ep, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) {
+    const uint16_t port = acceptor.local_endpoint(ec).port();
+    if (!ec) return port;
+  }
+  return Status(StatusCode::kIoError,
+                what + ": cannot listen on " + at.str() + ": " + ec.message());
+}
+
 std::optional<std::string> format_error_reply(const ListenerConfig& config,
                                               const std::string& reason) {
   if (!config.error_reply) return std::nullopt;
@@ -38,39 +65,27 @@ namespace {
 // Counters of one listener.
 struct ListenerStats {
   ListenerStats(Registry& registry, const std::string& service, const std::string& listener)
-      : registry(registry),
-        labels{{"service", service}, {"listener", listener}},
+      : labels{{"service", service}, {"listener", listener}},
         requests(registry.counter("caracal_listener_requests_total",
                                   "Requests the listener received", labels)),
         replies(registry.counter("caracal_listener_replies_total",
                                  "Replies the listener sent (error replies included)", labels)),
         connections(registry.gauge("caracal_listener_connections",
-                                   "Open TCP connections of the listener", labels)) {}
+                                   "Open TCP connections of the listener", labels)),
+        drops(registry, "caracal_listener_drops_total",
+              "Requests dropped by the listener, by reason", labels) {}
 
-  void drop(const char* reason) {
-    Labels l = labels;
-    l.emplace_back("reason", reason);
-    registry
-        .counter("caracal_listener_drops_total", "Requests dropped by the listener, by reason", l)
-        .inc();
-  }
+  void drop(DropReason reason) { drops.inc(reason); }
 
-  Registry& registry;
   Labels labels;
   Counter& requests;
   Counter& replies;
   Gauge& connections;
+  DropCounters drops;
 };
 
 std::string listener_name(const ListenerConfig& c) {
   return std::string(c.protocol == Protocol::kUdp ? "udp/" : "tcp/") + c.listen.str();
-}
-
-Result<asio::ip::address> parse_address(const config::HostPort& hp) {
-  error_code ec;
-  const auto a = asio::ip::make_address(hp.host == "localhost" ? "127.0.0.1" : hp.host, ec);
-  if (ec) return invalid_argument("'" + hp.host + "' is not an IP address");
-  return a;
 }
 
 // -------------------------------------------------------------------------------------------
@@ -118,7 +133,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     if (!token_base_) {
       spdlog::warn("{}: connection from {} refused: every reply slot is in use", shared_->name,
                    peer_);
-      shared_->stats.drop("reply_slots");
+      shared_->stats.drop(DropReason::kReplySlots);
       close_now();
       return;
     }
@@ -224,7 +239,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
         if (read_done_ && end_ != begin_) {
           spdlog::info("{}: {} closed its side with a partial message of {} bytes; dropped",
                        shared_->name, peer_, end_ - begin_);
-          shared_->stats.drop("partial_message");
+          shared_->stats.drop(DropReason::kPartialMessage);
           begin_ = end_;
         }
         return;
@@ -247,7 +262,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
           break;
         case DispatchStatus::kFull:  // not returned when may_exceed is set
         case DispatchStatus::kNoAgent:
-          shared_->stats.drop("no_agent");
+          shared_->stats.drop(DropReason::kNoAgent);
           complete(seq, Reply{Reply::Kind::kError,
                               "no agent serves service " + shared_->service.name()});
           break;
@@ -259,7 +274,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   // the replies before it (and an error reply, if the listener has one).
   void fail_stream(const std::string& reason) {
     spdlog::warn("{}: closing the connection from {}: {}", shared_->name, peer_, reason);
-    shared_->stats.drop("malformed");
+    shared_->stats.drop(DropReason::kMalformed);
     closing_ = true;
     read_done_ = true;
     Pending p;
@@ -285,7 +300,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
         (next_seq_ - static_cast<uint32_t>(pending_.size())) & kTokenSequenceMask;
     const uint32_t index = (seq - first) & kTokenSequenceMask;
     if (index >= pending_.size() || pending_[index].done) {
-      shared_->stats.drop("stale_reply");
+      shared_->stats.drop(DropReason::kStaleReply);
       return;
     }
     pending_[index].done = true;
@@ -304,7 +319,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
       Pending& p = pending_.front();
       bool fatal = p.fatal;
       if (p.reply.kind == Reply::Kind::kData && !shared_->codec.can_frame(p.reply.bytes.size())) {
-        shared_->stats.drop("reply_unframeable");
+        shared_->stats.drop(DropReason::kReplyUnframeable);
         p.reply = Reply{Reply::Kind::kError, "a reply of " + std::to_string(p.reply.bytes.size()) +
                                                  " bytes cannot be framed by this listener"};
       }
@@ -325,7 +340,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
                   "{}: closing the connection from {}: a request failed ({}) and the "
                   "listener has no error_reply",
                   shared_->name, peer_, p.reply.bytes);
-              shared_->stats.drop("request_failed");
+              shared_->stats.drop(DropReason::kRequestFailed);
             }
             fatal = true;
           }
@@ -417,19 +432,9 @@ class TcpListener final : public Listener {
   ~TcpListener() override { stop(); }
 
   Status start() override {
-    Result<asio::ip::address> address = parse_address(shared_->config.listen);
-    if (!address.ok()) return address.status();
-    const tcp::endpoint ep(*address, shared_->config.listen.port);
-    error_code ec;
-    acceptor_.open(ep.protocol(), ec);
-    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(ep, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      return Status(StatusCode::kIoError, shared_->name + ": cannot listen on " +
-                                              shared_->config.listen.str() + ": " + ec.message());
-    }
-    port_ = acceptor_.local_endpoint(ec).port();
+    Result<uint16_t> port = listen_tcp(acceptor_, shared_->config.listen, shared_->name);
+    if (!port.ok()) return port.status();
+    port_ = *port;
     accept();
     return Status::ok_status();
   }
@@ -488,6 +493,19 @@ class TcpListener final : public Listener {
 // -------------------------------------------------------------------------------------------
 // UDP
 
+// A UDP peer's flow for flow_affinity: its address and port, hashed without formatting them.
+uint64_t flow_of(const udp::endpoint& peer) {
+  uint64_t h = peer.port();
+  const auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001B3ULL; };
+  if (peer.address().is_v4()) {
+    mix(peer.address().to_v4().to_uint());
+  } else {
+    for (const unsigned char b : peer.address().to_v6().to_bytes())
+      mix(b);
+  }
+  return h;
+}
+
 class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpCore> {
  public:
   UdpCore(const ListenerConfig& config, const ListenerDeps& deps)
@@ -501,7 +519,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
 
   Status open() {
     Result<asio::ip::address> address = parse_address(config_.listen);
-    if (!address.ok()) return address.status();
+    if (!address.ok()) return invalid_argument(name_ + ": " + address.status().message());
     udp::endpoint ep(*address, config_.listen.port);
     for (uint32_t i = 0; i < sockets_count_; ++i) {
       auto s = std::make_unique<Socket>(io_, service_.config().max_message_bytes);
@@ -572,7 +590,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   void on_datagram(Socket& s, size_t n) {
     stats_.requests.inc();
     if (n > service_.config().max_message_bytes) {
-      stats_.drop("oversize");
+      stats_.drop(DropReason::kOversize);
       spdlog::debug("{}: datagram from {} is longer than max_message_bytes ({}); dropped", name_,
                     s.peer.address().to_string(), service_.config().max_message_bytes);
       send_error(
@@ -582,21 +600,21 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     }
     std::optional<uint64_t> token = replies_.acquire(shared_from_this(), s.peer);
     if (!token) {
-      stats_.drop("reply_slots");
+      stats_.drop(DropReason::kReplySlots);
       return;
     }
-    const uint64_t flow = std::hash<std::string>{}(s.peer.address().to_string()) ^ s.peer.port();
+    const uint64_t flow = flow_of(s.peer);
     switch (service_.dispatch(*token, std::string(s.buffer.data(), n), flow, false)) {
       case DispatchStatus::kQueued:
       case DispatchStatus::kCongested:
         return;
       case DispatchStatus::kFull:
         replies_.release(*token);
-        stats_.drop("queue_full");
+        stats_.drop(DropReason::kQueueFull);
         return;
       case DispatchStatus::kNoAgent:
         replies_.release(*token);
-        stats_.drop("no_agent");
+        stats_.drop(DropReason::kNoAgent);
         send_error(s, s.peer, "no agent serves service " + service_.name());
         return;
     }
@@ -610,7 +628,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
         send(s, peer, r.bytes);
         return;
       case Reply::Kind::kError:
-        if (!config_.error_reply) stats_.drop("request_failed");
+        if (!config_.error_reply) stats_.drop(DropReason::kRequestFailed);
         send_error(s, peer, r.bytes);
         return;
     }
@@ -624,7 +642,8 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     error_code ec;
     s.socket.send_to(asio::buffer(bytes), peer, 0, ec);
     if (ec) {
-      stats_.drop(ec == asio::error::would_block ? "send_buffer_full" : "send_failed");
+      stats_.drop(ec == asio::error::would_block ? DropReason::kSendBufferFull
+                                                 : DropReason::kSendFailed);
       return;
     }
     stats_.replies.inc();

@@ -26,6 +26,8 @@ Service::Service(const ServiceConfig& config, Engine& engine, Registry& metrics)
                               "Times a TCP connection stopped reading because the service's "
                               "queues were congested",
                               {{"service", config.name}})),
+      drops_(metrics, "caracal_service_drops_total", "Requests or replies dropped, by reason",
+             {{"service", config.name}}),
       latency_(metrics.histogram("caracal_service_latency_seconds",
                                  "Time from dispatch to the answer leaving the engine",
                                  {{"service", config.name}}, latency_buckets_seconds())) {}
@@ -203,11 +205,32 @@ void Service::count_answer(const Reply& reply, Clock::duration latency) {
   latency_.observe(std::chrono::duration<double>(latency).count());
 }
 
-void Service::count_drop(const std::string& reason) {
-  metrics_
-      .counter("caracal_service_drops_total", "Requests or replies dropped, by reason",
-               {{"service", config_.name}, {"reason", reason}})
-      .inc();
+const char* drop_reason_name(DropReason reason) {
+  static constexpr const char* kNames[] = {
+      "connection_closed", "malformed",   "no_agent",      "oversize",
+      "partial_message",   "queue_full",  "reply_slots",   "reply_unframeable",
+      "request_failed",    "stale_reply", "unknown_token", "send_buffer_full",
+      "send_failed"};
+  static_assert(std::size(kNames) == static_cast<size_t>(DropReason::kCount));
+  return kNames[static_cast<size_t>(reason)];
+}
+
+DropCounters::DropCounters(Registry& registry, std::string name, std::string help, Labels labels)
+    : registry_(registry),
+      name_(std::move(name)),
+      help_(std::move(help)),
+      labels_(std::move(labels)) {}
+
+void DropCounters::inc(DropReason reason) {
+  std::atomic<Counter*>& slot = series_[static_cast<size_t>(reason)];
+  Counter* c = slot.load(std::memory_order_acquire);
+  if (c == nullptr) {
+    Labels l = labels_;
+    l.emplace_back("reason", drop_reason_name(reason));
+    c = &registry_.counter(name_, help_, l);
+    slot.store(c, std::memory_order_release);
+  }
+  c->inc();
 }
 
 }  // namespace caracal::server

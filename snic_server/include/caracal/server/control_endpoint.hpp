@@ -45,6 +45,7 @@ class ControlEndpoint {
   std::shared_ptr<ControlSession> take_name(const std::string& agent,
                                             std::shared_ptr<ControlSession> session);
   void forget(const std::string& agent, const ControlSession* session);
+  void publish_agent_count_locked();  // caller holds m_
 
   boost::asio::io_context& io_;
   const ServerConfig& config_;
@@ -54,6 +55,7 @@ class ControlEndpoint {
   Registry& metrics_;
   boost::asio::ip::tcp::acceptor acceptor_;
   uint16_t port_ = 0;
+  Gauge& agents_gauge_;
 
   mutable std::mutex m_;
   std::map<std::string, std::weak_ptr<ControlSession>> agents_;

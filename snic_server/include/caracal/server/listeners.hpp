@@ -14,6 +14,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -49,6 +50,11 @@ struct ListenerDeps {
 };
 
 std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps);
+
+// Opens, binds (SO_REUSEADDR) and listens on `at` (an IP address or localhost). Returns the
+// bound port (port 0 asks the OS for one); the error names `what` and the address.
+Result<uint16_t> listen_tcp(boost::asio::ip::tcp::acceptor& acceptor, const config::HostPort& at,
+                            const std::string& what);
 
 // The error text a listener sends for a failed request, or nothing if it sends none.
 std::optional<std::string> format_error_reply(const ListenerConfig& config,

@@ -10,6 +10,7 @@
 // reorders them by sequence); flow_affinity only saves the reordering.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -25,6 +26,43 @@
 #include "caracal/server/reply.hpp"
 
 namespace caracal::server {
+
+// Why a request or reply was dropped: the `reason` label of the drop counters.
+enum class DropReason : uint8_t {
+  kConnectionClosed,  // a reply whose connection (or UDP request) is gone
+  kMalformed,         // a TCP stream that cannot be framed
+  kNoAgent,           // no agent serves the service
+  kOversize,          // a datagram over max_message_bytes
+  kPartialMessage,    // a TCP client closed with half a message sent
+  kQueueFull,         // UDP: every queue congested
+  kReplySlots,        // every reply slot in use
+  kReplyUnframeable,  // a reply the listener's framing cannot carry
+  kRequestFailed,     // an error answer the listener cannot send (no error_reply)
+  kStaleReply,        // a reply for a request the connection no longer waits for
+  kUnknownToken,      // a handler answered with a token it was not given
+  kSendBufferFull,    // UDP send would block
+  kSendFailed,        // UDP send failed
+  kCount,
+};
+const char* drop_reason_name(DropReason reason);
+
+// The drop counters of one listener or service: `name{labels..., reason}`. Each reason's series
+// is looked up in the registry the first time it is counted and kept, so counting a drop takes
+// no lock and allocates nothing (a UDP flood drops at line rate).
+class DropCounters {
+ public:
+  DropCounters(Registry& registry, std::string name, std::string help, Labels labels);
+  void inc(DropReason reason);
+
+ private:
+  Registry& registry_;
+  std::string name_;
+  std::string help_;
+  Labels labels_;
+  // Racing first counts both store the same series (the registry returns one object per
+  // name and labels), so a plain release/acquire publication is enough.
+  std::array<std::atomic<Counter*>, static_cast<size_t>(DropReason::kCount)> series_{};
+};
 
 enum class DispatchStatus : uint8_t {
   kQueued,     // in a queue's inbox; the reply will come through the token
@@ -62,7 +100,7 @@ class Service {
   // Accounting (any thread).
   void count_request() { requests_.inc(); }
   void count_answer(const Reply& reply, std::chrono::steady_clock::duration latency);
-  void count_drop(const std::string& reason);
+  void count_drop(DropReason reason) { drops_.inc(reason); }
 
  private:
   struct Target {
@@ -99,6 +137,7 @@ class Service {
   Counter& replies_;
   Counter& errors_;
   Counter& pauses_;
+  DropCounters drops_;
   Histogram& latency_;
 };
 

@@ -54,7 +54,11 @@ cat "$WORK/client.log"
 kill -STOP "$AGENT_PID_echo_1"
 base=$(metric caracal_listener_requests_total)
 coproc REQ { exec nc 127.0.0.1 "$TCP"; }
-for i in $(seq 100); do echo "request-$i" >&"${REQ[1]}"; done
+# Keep our own copies of the coprocess's pipes: bash unsets REQ as soon as nc
+# exits (the server closes the connection once it has drained), and the replies
+# still waiting in the pipe must remain readable.
+exec {req_out}<&"${REQ[0]}" {req_in}>&"${REQ[1]}"
+for i in $(seq 100); do echo "request-$i" >&"$req_in"; done
 for _ in $(seq 100); do
   [ "$(metric caracal_listener_requests_total)" -ge $((base + 100)) ] && break
   sleep 0.05
@@ -63,7 +67,7 @@ kill -TERM "$SERVER_PID"
 sleep 0.3
 kill -CONT "$AGENT_PID_echo_1"
 got=0
-while read -r -t 10 line <&"${REQ[0]}"; do
+while read -r -t 10 line <&"$req_out"; do
   got=$((got + 1))
   [ "$line" = "request-$got" ] || fail "reply $got during shutdown was '$line'"
   [ "$got" -eq 100 ] && break

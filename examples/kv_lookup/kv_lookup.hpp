@@ -2,14 +2,17 @@
 // client queue 0 (the server holds the connection; the handler never sees a socket) and
 // answers with the value, or with NOT_FOUND.
 //
+// Host/device code: the same handler runs on the CPU and as a GPU kernel (one thread per call;
+// the call waits in device code while the SmartNIC talks to memcached).
+//
 // The request is the key alone (memcached's rules: 1 to 250 bytes, no spaces or control
 // characters). The reply is the value's bytes, or the text NOT_FOUND; a bad key or a failed
 // call is an error reply (kSlotError) with the reason.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
+#include "caracal/accel/bytes.hpp"
 #include "caracal/accel/client.hpp"
 #include "caracal/accel/handler.hpp"
 
@@ -18,7 +21,8 @@ namespace caracal::examples {
 struct KeyLookup {
   static constexpr uint32_t kMaxKeyBytes = 250;
 
-  void operator()(const accel::Request& req, accel::Response& resp, accel::Context& ctx) {
+  CARACAL_HOST_DEVICE void operator()(const accel::Request& req, accel::Response& resp,
+                                      accel::Context& ctx) {
     if (req.size == 0 || req.size > kMaxKeyBytes) return resp.set_error("key must be 1-250 bytes");
     for (uint32_t i = 0; i < req.size; ++i) {
       const auto c = static_cast<unsigned char>(req.data[i]);
@@ -27,9 +31,9 @@ struct KeyLookup {
     if (ctx.client_count() == 0) return resp.set_error("no client queue for memcached");
     // "get <key>\r\n"
     char command[4 + kMaxKeyBytes + 2];
-    std::memcpy(command, "get ", 4);
-    std::memcpy(command + 4, req.data, req.size);
-    std::memcpy(command + 4 + req.size, "\r\n", 2);
+    accel::copy_bytes(command, "get ", 4);
+    accel::copy_bytes(command + 4, req.data, req.size);
+    accel::copy_bytes(command + 4 + req.size, "\r\n", 2);
     const uint32_t command_bytes = 4 + req.size + 2;
 
     // The memcached response lands in the response buffer and is trimmed to the value there.
@@ -46,13 +50,13 @@ struct KeyLookup {
         return resp.set_error("memcached call did not complete");
     }
     const char* text = reinterpret_cast<const char*>(resp.data);
-    if (r.length == 5 && std::memcmp(text, "END\r\n", 5) == 0) {
-      std::memcpy(resp.data, "NOT_FOUND", 9);
+    if (r.length == 5 && accel::equal_bytes(text, "END\r\n", 5)) {
+      accel::copy_bytes(resp.data, "NOT_FOUND", 9);
       resp.size = 9;
       return;
     }
     // VALUE <key> <flags> <bytes>\r\n<data>\r\nEND\r\n
-    if (r.length < 6 || std::memcmp(text, "VALUE ", 6) != 0) {
+    if (r.length < 6 || !accel::equal_bytes(text, "VALUE ", 6)) {
       return resp.set_error("unexpected reply from memcached");
     }
     uint32_t line_end = 0;
@@ -68,7 +72,7 @@ struct KeyLookup {
     }
     const uint64_t data_start = uint64_t{line_end} + 2;
     if (data_start + bytes > r.length) return resp.set_error("short VALUE from memcached");
-    std::memmove(resp.data, resp.data + data_start, bytes);
+    accel::move_bytes(resp.data, resp.data + data_start, static_cast<uint32_t>(bytes));
     resp.size = static_cast<uint32_t>(bytes);
   }
 

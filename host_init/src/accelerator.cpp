@@ -6,25 +6,38 @@ std::string AcceleratorChoice::str() const {
   return kind == AcceleratorKind::kGpu ? "gpu:" + std::to_string(gpu) : "cpu";
 }
 
-Status check_accelerator_available(const AcceleratorSetting& setting) {
-  if (setting.kind == AcceleratorKind::kGpu) {
+Status check_accelerator_available(const AcceleratorSetting& setting,
+                                   const HandlerBackends& backends) {
+  if (setting.kind != AcceleratorKind::kGpu) return Status::ok_status();
+  if (!backends.gpu) {
     return Status(StatusCode::kUnavailable,
                   "accelerator '" + setting.str() +
-                      "': this agent was built without the CUDA accelerator backend, so it "
-                      "cannot serve from a GPU yet; use 'cpu' or 'auto'");
+                      "': this agent was built without the CUDA accelerator backend (its "
+                      "handler source was not compiled by nvcc), so it cannot serve from a GPU; "
+                      "use 'cpu' or 'auto'");
+  }
+  const int devices = backends.gpu->device_count();
+  if (setting.gpu >= static_cast<uint32_t>(devices)) {
+    return Status(StatusCode::kUnavailable,
+                  "accelerator '" + setting.str() + "': this host has " + std::to_string(devices) +
+                      " CUDA device(s)" +
+                      (devices > 0 ? " (gpu:0 to gpu:" + std::to_string(devices - 1) + ")" : ""));
   }
   return Status::ok_status();
 }
 
-Result<AcceleratorChoice> resolve_accelerator(const AcceleratorSetting& setting) {
-  if (Status s = check_accelerator_available(setting); !s.ok()) return s;
+Result<AcceleratorChoice> resolve_accelerator(const AcceleratorSetting& setting,
+                                              const HandlerBackends& backends) {
+  if (Status s = check_accelerator_available(setting, backends); !s.ok()) return s;
   switch (setting.kind) {
     case AcceleratorKind::kGpu:
       return AcceleratorChoice{AcceleratorKind::kGpu, setting.gpu};
-    case AcceleratorKind::kCpu:
     case AcceleratorKind::kAuto:
-      // `auto` prefers a GPU when the agent carries the CUDA backend and a device is present;
-      // without the backend the CPU is the best accelerator there is.
+      if (backends.gpu && backends.gpu->device_count() > 0) {
+        return AcceleratorChoice{AcceleratorKind::kGpu, 0};
+      }
+      return AcceleratorChoice{AcceleratorKind::kCpu, 0};
+    case AcceleratorKind::kCpu:
       return AcceleratorChoice{AcceleratorKind::kCpu, 0};
   }
   return Status(StatusCode::kInternal, "unknown accelerator kind");

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include "caracal/host_init/accelerator.hpp"
 #include "caracal/host_init/agent.hpp"
 #include "caracal/host_init/config.hpp"
 #include "caracal/host_init/runtime.hpp"
@@ -42,7 +43,9 @@ int run_agent_main(int argc, char** argv, HandlerBackends backends) {
 
   AgentConfig config;
   try {
-    config = load_agent_config(config_path);
+    config = load_agent_config(config_path, [&backends](const AcceleratorSetting& a) {
+      return check_accelerator_available(a, backends);
+    });
   } catch (const config::ConfigError& e) {
     std::fprintf(stderr, "%s: configuration error: %s\n", program.c_str(), e.what());
     return kExitConfigError;

@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "caracal/control/protocol.hpp"
-#include "caracal/host_init/accelerator.hpp"
 #include "caracal/mqueue/validate.hpp"
 
 namespace caracal::host {
@@ -22,7 +21,7 @@ std::string name_of(const Field& f, const char* what) {
   return v;
 }
 
-AcceleratorSetting parse_accelerator(const Field& f) {
+AcceleratorSetting parse_accelerator(const Field& f, const AcceleratorCheck& check) {
   const std::string v = f.as_string();
   AcceleratorSetting a;
   if (v == "auto") {
@@ -41,7 +40,9 @@ AcceleratorSetting parse_accelerator(const Field& f) {
   } else {
     f.fail("'" + v + "' is not one of: auto, cpu, gpu:N");
   }
-  if (Status s = check_accelerator_available(a); !s.ok()) f.fail(s.message());
+  if (check) {
+    if (Status s = check(a); !s.ok()) f.fail(s.message());
+  }
   return a;
 }
 
@@ -68,6 +69,29 @@ accel::CpuOptions parse_cpu(const Field& f) {
   if (auto v = f.optional("burst")) o.burst = static_cast<uint32_t>(v->as_uint(1, 65536));
   if (auto v = f.optional("idle_rounds_before_yield")) {
     o.idle_rounds_before_yield = static_cast<uint32_t>(v->as_uint(0, UINT32_MAX));
+  }
+  return o;
+}
+
+accel::GpuOptions parse_gpu(const Field& f) {
+  f.allow_only(
+      {"workers", "block_threads", "burst", "busy_polls", "idle_sleep_max_ns", "stop_timeout_ms"});
+  accel::GpuOptions o;
+  if (auto v = f.optional("workers")) o.workers = static_cast<uint32_t>(v->as_uint(0, 1024));
+  if (auto v = f.optional("block_threads")) {
+    o.block_threads = static_cast<uint32_t>(v->as_uint(32, 1024));
+    if (o.block_threads % 32 != 0)
+      v->fail(std::to_string(o.block_threads) + " is not a multiple of 32 (a warp)");
+  }
+  if (auto v = f.optional("burst")) o.burst = static_cast<uint32_t>(v->as_uint(1, 65536));
+  if (auto v = f.optional("busy_polls"))
+    o.busy_polls = static_cast<uint32_t>(v->as_uint(0, UINT32_MAX));
+  // __nanosleep sleeps at most about a millisecond.
+  if (auto v = f.optional("idle_sleep_max_ns")) {
+    o.idle_sleep_max_ns = static_cast<uint32_t>(v->as_uint(32, 1'000'000));
+  }
+  if (auto v = f.optional("stop_timeout_ms")) {
+    o.stop_timeout_ms = static_cast<uint32_t>(v->as_uint(1, 600'000));
   }
   return o;
 }
@@ -150,9 +174,9 @@ bool is_valid_name(std::string_view name) {
   return control::is_valid_name(name);
 }
 
-AgentConfig parse_agent_config(const Field& root) {
+AgentConfig parse_agent_config(const Field& root, const AcceleratorCheck& check) {
   root.allow_only({"agent", "server", "secret", "secret_file", "accelerator", "transport",
-                   "log_level", "cpu", "reconnect_interval_ms", "services"});
+                   "log_level", "cpu", "gpu", "reconnect_interval_ms", "services"});
   AgentConfig c;
   c.agent = name_of(root.required("agent"), "agent");
   const Field server = root.required("server");
@@ -161,7 +185,7 @@ AgentConfig parse_agent_config(const Field& root) {
 
   c.secret = control::read_secret(root);
 
-  if (auto v = root.optional("accelerator")) c.accelerator = parse_accelerator(*v);
+  if (auto v = root.optional("accelerator")) c.accelerator = parse_accelerator(*v, check);
   if (auto v = root.optional("transport")) c.transport = parse_transport(*v);
   if (auto v = root.optional("log_level")) {
     c.log_level = v->as_string();
@@ -171,6 +195,7 @@ AgentConfig parse_agent_config(const Field& root) {
     }
   }
   if (auto v = root.optional("cpu")) c.cpu = parse_cpu(*v);
+  if (auto v = root.optional("gpu")) c.gpu = parse_gpu(*v);
   if (auto v = root.optional("reconnect_interval_ms")) {
     c.reconnect_interval_ms = static_cast<uint32_t>(v->as_uint(1, 600'000));
   }
@@ -188,8 +213,8 @@ AgentConfig parse_agent_config(const Field& root) {
   return c;
 }
 
-AgentConfig load_agent_config(const std::string& path) {
-  return parse_agent_config(config::load_yaml_file(path));
+AgentConfig load_agent_config(const std::string& path, const AcceleratorCheck& check) {
+  return parse_agent_config(config::load_yaml_file(path), check);
 }
 
 }  // namespace caracal::host

@@ -148,7 +148,8 @@ struct ServedRegion {
 // regions (removing any name still there).
 class Session {
  public:
-  Session() = default;
+  // The first accelerator that fails to stop is recorded in `stop_failure`.
+  explicit Session(Status& stop_failure) : stop_failure_(stop_failure) {}
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
   ~Session() { stop(); }
@@ -157,14 +158,33 @@ class Session {
   ServedRegion& back() { return served_.back(); }
   size_t size() const { return served_.size(); }
 
+  // Stops every accelerator, then drops the regions. An accelerator that cannot be stopped
+  // (a GPU kernel that ignores its stop word) is logged and recorded; the run ends with it.
   void stop() {
     for (ServedRegion& s : served_) {
-      if (s.accelerator) s.accelerator->stop();
+      if (!s.accelerator) continue;
+      if (Status st = s.accelerator->stop(); !st.ok()) {
+        spdlog::error("service '{}': {}", s.service->name, st.message());
+        if (stop_failure_.ok()) stop_failure_ = st;
+      }
     }
     served_.clear();
   }
 
+  // The first accelerator that stopped serving on its own, with why.
+  Status health() {
+    for (ServedRegion& s : served_) {
+      if (!s.accelerator) continue;
+      if (Status st = s.accelerator->health(); !st.ok()) {
+        return Status(st.code(), "service '" + s.service->name + "': the accelerator (" +
+                                     s.accelerator->describe() + ") stopped: " + st.message());
+      }
+    }
+    return Status::ok_status();
+  }
+
  private:
+  Status& stop_failure_;
   std::vector<ServedRegion> served_;
 };
 
@@ -233,6 +253,8 @@ struct AgentRuntime::Impl {
   std::optional<asio::signal_set> signals;
   // Set by handlers, which run on the thread in run() only; other threads post them.
   bool stop_requested = false;
+  // The first failure to stop an accelerator: the run ends with it.
+  Status stop_status;
   // Written by run(), read by anyone for reporting: relaxed is enough.
   std::atomic<uint64_t> registrations{0};
 };
@@ -270,12 +292,15 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
   StartResult serving = Status(StatusCode::kInternal, "no backend for " + accelerator.str());
   if (accelerator.kind == AcceleratorKind::kCpu && backends.cpu) {
     serving = backends.cpu(region->view(), config.cpu);
+  } else if (accelerator.kind == AcceleratorKind::kGpu && backends.gpu) {
+    serving = backends.gpu->start(region->data(), region->bytes(), accelerator.gpu, config.gpu);
   }
   if (!serving.ok()) {
     return Status(serving.status().code(), "service '" + service.name + "': cannot start the " +
                                                accelerator.str() +
                                                " accelerator: " + serving.status().message());
   }
+  spdlog::info("service '{}': serving on {}", service.name, (*serving)->describe());
   session.add(ServedRegion{&service, std::move(region).value(), std::move(serving).value()});
   return Status::ok_status();
 }
@@ -305,7 +330,7 @@ void AgentRuntime::Impl::goodbye(Connection& conn, Session& session) {
 }
 
 Outcome AgentRuntime::Impl::serve(Connection& conn) {
-  Session session;
+  Session session(stop_status);
   const uint64_t epoch = fresh_epoch();
   conn.send(control::Hello{control::kProtocolVersion, config.secret, config.agent, epoch,
                            accelerator.str()});
@@ -397,6 +422,10 @@ Outcome AgentRuntime::Impl::serve(Connection& conn) {
                   "' message from the server");
     }
     if (conn.failed()) return lost(conn.error());
+    // An accelerator that stopped serving on its own cannot be restarted in this process (a
+    // failed kernel poisons the CUDA context): leave without bye, so the server fails what was
+    // in flight to this agent right away, and exit with the error.
+    if (Status st = session.health(); !st.ok()) return fatal(st);
 
     const auto now = Clock::now();
     if (now - last_heard >= timeout) {
@@ -411,9 +440,8 @@ Outcome AgentRuntime::Impl::serve(Connection& conn) {
 }
 
 Status AgentRuntime::Impl::run() {
-  Result<AcceleratorChoice> choice = resolve_accelerator(config.accelerator);
-  if (!choice.ok()) return choice.status();
-  accelerator = *choice;
+  // Signals first: setting up a GPU takes a moment, and a SIGINT meanwhile must stop the agent
+  // cleanly rather than kill it.
   if (options.handle_signals) {
     signals.emplace(io, SIGINT, SIGTERM);
     signals->async_wait([this](const boost::system::error_code& ec, int sig) {
@@ -422,9 +450,22 @@ Status AgentRuntime::Impl::run() {
       stop_requested = true;
     });
   }
+  Result<AcceleratorChoice> choice = resolve_accelerator(config.accelerator, backends);
+  if (!choice.ok()) return choice.status();
+  accelerator = *choice;
+  std::string described = accelerator.str();
+  if (accelerator.kind == AcceleratorKind::kGpu) {
+    std::vector<std::string> warnings;
+    Result<std::string> gpu = backends.gpu->prepare(accelerator.gpu, warnings);
+    if (!gpu.ok()) return gpu.status();
+    described = *gpu;
+    for (const std::string& w : warnings)
+      spdlog::warn("{}", w);
+  }
   spdlog::info(
-      "agent '{}' (pid {}): {} service(s) on accelerator {} ({}), transport shm, server {}",
-      config.agent, pid, config.services.size(), accelerator.str(), config.accelerator.str(),
+      "agent '{}' (pid {}): {} service(s) on accelerator {} (configured: {}), transport shm, "
+      "server {}",
+      config.agent, pid, config.services.size(), described, config.accelerator.str(),
       config.server.str());
 
   bool unreachable_logged = false;
@@ -447,6 +488,7 @@ Status AgentRuntime::Impl::run() {
     spdlog::info("connected to {}", conn->peer());
     Outcome outcome = serve(*conn);
     conn->close();
+    if (!stop_status.ok()) return stop_status;  // something may still poll a region
     if (outcome.kind == Outcome::kStopped) break;
     if (outcome.kind == Outcome::kFatal) return outcome.status;
     spdlog::warn(

@@ -131,35 +131,27 @@ struct TxEntry {
   bool is_error() const { return (flags & mqueue::kSlotError) != 0; }
 };
 
-class SnicDriver {
+// A request a test queues for exchange().
+struct PendingRequest {
+  std::vector<std::byte> payload;
+  uint64_t token = 0;
+};
+
+// The SmartNIC side over any transport: RemoteRegion<T> pushing requests into RX rings and
+// reading TX rings, as the server's mqueue manager does.
+template <mqueue::Transport T>
+class RemoteDriver {
  public:
-  using Remote = mqueue::RemoteRegion<mqueue::ShmTransport>;
+  using Remote = mqueue::RemoteRegion<T>;
 
-  // Creates the region for `geometry` and attaches the SmartNIC side to a second mapping.
-  // Throws (which fails the test) when any step does.
-  explicit SnicDriver(const mqueue::RegionGeometry& geometry, uint64_t epoch = 1) {
-    Result<mqueue::ShmMapping> agent = mqueue::create_shm_region(geometry, epoch, "accel-test");
-    if (!agent.ok()) throw std::runtime_error("create_shm_region: " + agent.status().message());
-    agent_ = std::move(agent).value();
-    Result<mqueue::ShmMapping> snic = mqueue::ShmMapping::open_fd(agent_.fd());
-    if (!snic.ok()) throw std::runtime_error("ShmMapping::open_fd: " + snic.status().message());
-    snic_ = std::move(snic).value();
-    if (snic_.data() == agent_.data()) throw std::runtime_error("second mapping is not distinct");
-    transport_.emplace(snic_.data(), snic_.size());
-    Result<Remote> remote = Remote::attach(&*transport_);
-    if (!remote.ok())
-      throw std::runtime_error("RemoteRegion::attach: " + remote.status().message());
-    remote_.emplace(std::move(remote).value());
-  }
-  SnicDriver(const SnicDriver&) = delete;
-  SnicDriver& operator=(const SnicDriver&) = delete;
+  RemoteDriver() = default;
+  RemoteDriver(const RemoteDriver&) = delete;
+  RemoteDriver& operator=(const RemoteDriver&) = delete;
 
-  // The accelerator's view: the agent's own mapping.
-  mqueue::RegionView region() const { return mqueue::RegionView(agent_.data()); }
   const mqueue::RegionHeader& header() const { return remote_->header(); }
   uint32_t server_queues() const { return header().server_queue_count; }
   Remote& remote() { return *remote_; }
-  mqueue::ShmTransport& transport() { return *transport_; }
+  T& transport() { return *transport_; }
 
   // --- RX: requests into a ring the accelerator consumes ---------------------------------
 
@@ -176,7 +168,10 @@ class SnicDriver {
   // try_push + publish, retried until credits come back. False on timeout.
   bool push(uint32_t queue, std::span<const std::byte> payload, uint64_t token,
             uint16_t flags = 0) {
-    const bool ok = wait_until([&] { return try_push(queue, payload, token, flags); });
+    const bool ok = wait_until([&] {
+      progress();
+      return try_push(queue, payload, token, flags);
+    });
     publish(queue);
     return ok;
   }
@@ -202,6 +197,14 @@ class SnicDriver {
 
   // --- TX: entries the accelerator produced ---------------------------------------------
 
+  // Lets an asynchronous transport retire completed operations (credits and reads depend on
+  // them); a failed completion fails the test.
+  void progress() {
+    if (Status s = transport_->progress(); !s.ok()) {
+      throw std::runtime_error(std::string(transport_->name()) + ": " + s.message());
+    }
+  }
+
   // One read of every TX tail, handed to every TX consumer.
   void fetch_tails() {
     const uint64_t ticket = remote_->fetch_tx_tails();
@@ -212,13 +215,18 @@ class SnicDriver {
   }
 
   // Copies out every TX entry of `queue` that has arrived since the last fetch_tails(), then
-  // gives the slots back (one head publish). A corrupt entry throws.
+  // gives the slots back (one head publish). A corrupt entry throws. A transport that reads
+  // asynchronously gets the entries' slots read first (RemoteRingConsumer::next says when).
   size_t take_tx(uint32_t queue, std::vector<TxEntry>& out) {
     auto& tx = remote_->tx(queue);
     size_t n = 0;
     mqueue::Entry e;
     for (;;) {
-      const mqueue::PollResult r = tx.next(e);
+      mqueue::PollResult r = tx.next(e);
+      while (r == mqueue::PollResult::kEmpty && tx.reading()) {
+        progress();
+        r = tx.next(e);
+      }
       if (r == mqueue::PollResult::kEmpty) break;
       if (r == mqueue::PollResult::kCorrupt) {
         throw std::runtime_error("TX ring " + std::to_string(queue) +
@@ -255,10 +263,7 @@ class SnicDriver {
   // caller. `each_round`, when given, runs once per round after the pushes (a test plays the
   // destination of client queues there). Returns when every request has its reply; false on
   // timeout.
-  struct PendingRequest {
-    std::vector<std::byte> payload;
-    uint64_t token = 0;
-  };
+  using PendingRequest = test::PendingRequest;
   bool exchange(const std::vector<std::vector<PendingRequest>>& requests,
                 std::vector<std::vector<TxEntry>>& replies, size_t already_queued = 0,
                 const std::function<void()>& each_round = {}) {
@@ -311,11 +316,41 @@ class SnicDriver {
   }
   void request_stop() { remote_->request_stop(); }
 
+ protected:
+  std::optional<T> transport_;
+  std::optional<Remote> remote_;
+};
+
+// The shm setup: a region created the way an agent creates it, and the SmartNIC side attached
+// to a second mapping of it.
+class SnicDriver : public RemoteDriver<mqueue::ShmTransport> {
+ public:
+  // Creates the region for `geometry` and attaches the SmartNIC side to a second mapping.
+  // Throws (which fails the test) when any step does.
+  explicit SnicDriver(const mqueue::RegionGeometry& geometry, uint64_t epoch = 1) {
+    Result<mqueue::ShmMapping> agent = mqueue::create_shm_region(geometry, epoch, "accel-test");
+    if (!agent.ok()) throw std::runtime_error("create_shm_region: " + agent.status().message());
+    agent_ = std::move(agent).value();
+    Result<mqueue::ShmMapping> snic = mqueue::ShmMapping::open_fd(agent_.fd());
+    if (!snic.ok()) throw std::runtime_error("ShmMapping::open_fd: " + snic.status().message());
+    snic_ = std::move(snic).value();
+    if (snic_.data() == agent_.data()) throw std::runtime_error("second mapping is not distinct");
+    transport_.emplace(snic_.data(), snic_.size());
+    Result<Remote> remote = Remote::attach(&*transport_);
+    if (!remote.ok())
+      throw std::runtime_error("RemoteRegion::attach: " + remote.status().message());
+    remote_.emplace(std::move(remote).value());
+  }
+
+  // The accelerator's view: the agent's own mapping.
+  mqueue::RegionView region() const { return mqueue::RegionView(agent_.data()); }
+  // The agent's mapping itself (what a GPU agent registers with CUDA).
+  std::byte* agent_data() const { return agent_.data(); }
+  uint64_t agent_bytes() const { return agent_.size(); }
+
  private:
   mqueue::ShmMapping agent_;  // the accelerator's mapping
   mqueue::ShmMapping snic_;   // the SmartNIC's mapping of the same memory
-  std::optional<mqueue::ShmTransport> transport_;
-  std::optional<Remote> remote_;
 };
 
 // Tokens the tests put on server requests: queue in the high half, sequence in the low half.

@@ -3,6 +3,9 @@
 #
 # Each test script is run by CTest as: test.sh BUILD_DIR SOURCE_DIR. Exit 0 passes, 77 skips
 # (a client tool is missing), anything else fails; on failure the logs are printed.
+#
+# CARACAL_E2E_ACCELERATOR picks the agents' accelerator (default cpu; gpu:0 runs the same tests
+# with the handlers as persistent CUDA kernels).
 set -euo pipefail
 
 BUILD=${1:?build directory}
@@ -10,6 +13,7 @@ SRC=${2:?source directory}
 SERVER_BIN="$BUILD/snic_server/snic_server"
 ECHO_AGENT="$BUILD/examples/echo/caracal_echo_agent"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/caracal-e2e.XXXXXX")
+ACCELERATOR=${CARACAL_E2E_ACCELERATOR:-cpu}
 SECRET="e2e-secret-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 PIDS=()
 
@@ -81,7 +85,7 @@ start_agent() {
 agent: $name
 server: 127.0.0.1:$CONTROL_PORT
 secret: $SECRET
-accelerator: cpu
+accelerator: $ACCELERATOR
 transport: shm
 reconnect_interval_ms: 100
 services:

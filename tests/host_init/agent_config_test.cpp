@@ -35,8 +35,20 @@ services:
       - destination: redis
 )";
 
+// A handler for the backends of an agent built by a host compiler: CPU only.
+struct Nop {
+  void operator()(const accel::Request&, accel::Response& resp, accel::Context&) const {
+    resp.size = 0;
+  }
+};
+
+// What agent_main checks accelerator settings with.
+Status cpu_only_check(const AcceleratorSetting& a) {
+  return check_accelerator_available(a, make_backends(Nop{}));
+}
+
 AgentConfig parse(const std::string& text) {
-  return parse_agent_config(config::load_yaml_text(text, "agent.yaml"));
+  return parse_agent_config(config::load_yaml_text(text, "agent.yaml"), cpu_only_check);
 }
 
 std::string error_of(const std::string& text) {
@@ -107,8 +119,10 @@ services: [{ name: echo, max_message_bytes: 100 }]
   EXPECT_EQ(c.log_level, "info");
   EXPECT_EQ(c.cpu.workers, 1u);
   EXPECT_EQ(c.reconnect_interval_ms, 200u);
+  EXPECT_EQ(c.gpu.workers, 0u);
+  EXPECT_EQ(c.gpu.block_threads, 128u);
   // auto runs on the CPU in an agent without the CUDA backend.
-  Result<AcceleratorChoice> choice = resolve_accelerator(c.accelerator);
+  Result<AcceleratorChoice> choice = resolve_accelerator(c.accelerator, make_backends(Nop{}));
   ASSERT_TRUE(choice.ok());
   EXPECT_EQ(choice->kind, AcceleratorKind::kCpu);
   EXPECT_EQ(choice->str(), "cpu");
@@ -121,7 +135,59 @@ TEST(AgentConfig, WrongAcceleratorIsRefusedAtItsLine) {
   // A well-formed GPU setting is refused for what it is: this agent has no GPU backend.
   expect_error(with("accelerator: cpu", "accelerator: gpu:0"), "4:14",
                {"accelerator", "gpu:0", "built without the CUDA accelerator"});
-  EXPECT_FALSE(resolve_accelerator(AcceleratorSetting{AcceleratorKind::kGpu, 1}).ok());
+  EXPECT_FALSE(
+      resolve_accelerator(AcceleratorSetting{AcceleratorKind::kGpu, 1}, make_backends(Nop{})).ok());
+  // Without a check (what the parser alone knows), a well-formed gpu:N passes.
+  EXPECT_EQ(parse_agent_config(config::load_yaml_text(with("accelerator: cpu", "accelerator: gpu:3"),
+                                                      "agent.yaml"))
+                .accelerator.gpu,
+            3u);
+}
+
+// An agent with a GPU backend, on a host with `devices` GPUs (the backend's functions are the
+// runtime's only way to the GPU; starting is not exercised here).
+HandlerBackends gpu_backends(int devices) {
+  HandlerBackends b = make_backends(Nop{});
+  GpuBackend g;
+  g.device_count = [devices] { return devices; };
+  b.gpu = g;
+  return b;
+}
+
+TEST(AgentConfig, AutoPicksTheGpuWhenTheAgentHasTheBackendAndTheHostADevice) {
+  const AcceleratorSetting automatic{AcceleratorKind::kAuto, 0};
+  Result<AcceleratorChoice> gpu = resolve_accelerator(automatic, gpu_backends(2));
+  ASSERT_TRUE(gpu.ok());
+  EXPECT_EQ(gpu->str(), "gpu:0");
+  Result<AcceleratorChoice> none = resolve_accelerator(automatic, gpu_backends(0));
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->str(), "cpu");
+  Result<AcceleratorChoice> second =
+      resolve_accelerator(AcceleratorSetting{AcceleratorKind::kGpu, 1}, gpu_backends(2));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->str(), "gpu:1");
+  Status missing = check_accelerator_available(AcceleratorSetting{AcceleratorKind::kGpu, 2},
+                                               gpu_backends(2));
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("has 2 CUDA device(s) (gpu:0 to gpu:1)"), std::string::npos)
+      << missing.message();
+}
+
+TEST(AgentConfig, GpuSettings) {
+  const AgentConfig c = parse(with("reconnect_interval_ms: 50",
+                                   "gpu: { workers: 4, block_threads: 256, burst: 8, busy_polls: "
+                                   "100, idle_sleep_max_ns: 2000, stop_timeout_ms: 900 }"));
+  EXPECT_EQ(c.gpu.workers, 4u);
+  EXPECT_EQ(c.gpu.block_threads, 256u);
+  EXPECT_EQ(c.gpu.burst, 8u);
+  EXPECT_EQ(c.gpu.busy_polls, 100u);
+  EXPECT_EQ(c.gpu.idle_sleep_max_ns, 2000u);
+  EXPECT_EQ(c.gpu.stop_timeout_ms, 900u);
+  expect_error(with("reconnect_interval_ms: 50", "gpu: { block_threads: 100 }"), "8:23",
+               {"gpu.block_threads", "not a multiple of 32"});
+  expect_error(with("reconnect_interval_ms: 50", "gpu: { idle_sleep_max_ns: 5000000 }"), "8:27",
+               {"gpu.idle_sleep_max_ns"});
+  expect_error(with("reconnect_interval_ms: 50", "gpu: { blocks: 2 }"), "8:8", {"blocks"});
 }
 
 TEST(AgentConfig, RdmaTransportIsRefused) {

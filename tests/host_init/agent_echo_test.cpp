@@ -59,7 +59,8 @@ void echo_every_size(const Case& c) {
     EXPECT_EQ(reply.queue, token % c.queues);
     ASSERT_EQ(reply.data, payloads[token]) << "token " << token;
   }
-  accel::test::finish_within("ServingAccelerator::stop()", [&] { (*serving)->stop(); });
+  accel::test::finish_within("ServingAccelerator::stop()",
+                             [&] { EXPECT_TRUE((*serving)->stop().ok()); });
   EXPECT_EQ(peer.stop_word(), 1u);  // what the runtime raised, seen through the server's mapping
 }
 

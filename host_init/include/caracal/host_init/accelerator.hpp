@@ -2,16 +2,21 @@
 //
 // The runtime is written once, without the handler type: for each region it asks the agent's
 // HandlerBackends for a ServingAccelerator, which owns whatever runs the handler (host threads
-// for the CPU backend) and stops it when asked or destroyed. agent_main (agent.hpp) fills the
-// backends from the handler type with make_backends<H>().
+// for the CPU backend, a persistent kernel for the GPU backend) and stops it when asked or
+// destroyed. agent_main (agent.hpp) fills the backends from the handler type with
+// make_backends<H>(); compiled by nvcc, the handler source also gets the GPU backend.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "caracal/accel/cpu.hpp"
+#include "caracal/accel/gpu/options.hpp"
 #include "caracal/accel/handler.hpp"
 #include "caracal/host_init/config.hpp"
 #include "caracal/mqueue/region.hpp"
@@ -27,28 +32,51 @@ struct AcceleratorChoice {
   std::string str() const;
 };
 
-// Whether this build can run `setting` (an error that says why not). `auto` always can.
-Status check_accelerator_available(const AcceleratorSetting& setting);
-
-// `auto` becomes the best accelerator present: a GPU once agents carry the CUDA backend, the
-// CPU until then and on hosts without one. Explicit settings are returned as they are.
-Result<AcceleratorChoice> resolve_accelerator(const AcceleratorSetting& setting);
-
 // A handler running on one region. Destroying it stops it.
 class ServingAccelerator {
  public:
   virtual ~ServingAccelerator() = default;
-  // Raises the region's stop word and waits until nothing polls the region any more.
-  virtual void stop() = 0;
+  // Raises the region's stop word and waits until nothing polls the region any more. An error
+  // means something may still poll it (a GPU kernel that did not return): the agent must exit.
+  virtual Status stop() = 0;
+  // OK while it serves; otherwise why it stopped serving on its own (a GPU kernel that failed).
+  virtual Status health() { return Status::ok_status(); }
+  // What runs, for the log ("2 CPU worker(s)", "gpu:0 kernel: 2 warp-granular worker(s) ...").
+  virtual std::string describe() const = 0;
 };
 
 using StartResult = Result<std::unique_ptr<ServingAccelerator>>;
 
-// How to start the agent's handler on each accelerator kind. The CUDA backend adds its
-// launcher here next to `cpu`.
+// The GPU side of an agent: present when its handler source was compiled by nvcc with the CUDA
+// backend (gpu_backend.cuh fills it in).
+struct GpuBackend {
+  // CUDA devices present (0 without a driver or a device).
+  std::function<int()> device_count;
+  // Checks `device` and describes it for the log ("gpu:0 (NVIDIA H200, sm_90, ...)"); what the
+  // operator should know goes to `warnings` (other processes holding a context on it).
+  std::function<Result<std::string>(uint32_t device, std::vector<std::string>& warnings)> prepare;
+  // Registers the region (this process's shm mapping) with CUDA as mapped memory and launches
+  // the handler's persistent kernel on it.
+  std::function<StartResult(std::byte* region, uint64_t bytes, uint32_t device,
+                            const accel::GpuOptions& options)>
+      start;
+};
+
+// How to start the agent's handler on each accelerator kind.
 struct HandlerBackends {
   std::function<StartResult(mqueue::RegionView, const accel::CpuOptions&)> cpu;
+  std::optional<GpuBackend> gpu;
 };
+
+// Whether this agent can run `setting` here: `gpu:N` needs the CUDA backend and device N.
+// `auto` and `cpu` always can.
+Status check_accelerator_available(const AcceleratorSetting& setting,
+                                   const HandlerBackends& backends);
+
+// `auto` becomes the best accelerator present: GPU 0 when the agent carries the CUDA backend and
+// the host has a device, the CPU otherwise. Explicit settings are checked and returned.
+Result<AcceleratorChoice> resolve_accelerator(const AcceleratorSetting& setting,
+                                              const HandlerBackends& backends);
 
 // The CPU backend: a CpuAccelerator<H> on the region, started before it is returned.
 template <accel::Handler H>
@@ -57,13 +85,28 @@ class CpuServing final : public ServingAccelerator {
   CpuServing(mqueue::RegionView region, H handler, accel::CpuOptions options)
       : accelerator_(region, std::move(handler), std::move(options)) {}
   Status start() { return accelerator_.start(); }
-  void stop() override { accelerator_.stop(); }
+  Status stop() override {
+    accelerator_.stop();
+    return Status::ok_status();
+  }
+  std::string describe() const override {
+    return std::to_string(accelerator_.workers()) + " CPU worker(s)";
+  }
   const accel::CpuAccelerator<H>& accelerator() const { return accelerator_; }
 
  private:
   accel::CpuAccelerator<H> accelerator_;
 };
 
+}  // namespace caracal::host
+
+#if defined(__CUDACC__) && defined(CARACAL_HAVE_CUDA)
+#include "caracal/host_init/gpu_backend.cuh"
+#endif
+
+namespace caracal::host {
+
+// The backends for handler H: the CPU always; the GPU when this source is compiled by nvcc.
 template <accel::Handler H>
 HandlerBackends make_backends(H handler) {
   HandlerBackends b;
@@ -72,6 +115,9 @@ HandlerBackends make_backends(H handler) {
     if (Status s = serving->start(); !s.ok()) return s;
     return std::unique_ptr<ServingAccelerator>(std::move(serving));
   };
+#if defined(__CUDACC__) && defined(CARACAL_HAVE_CUDA)
+  b.gpu = make_gpu_backend<H>(handler);
+#endif
   return b;
 }
 

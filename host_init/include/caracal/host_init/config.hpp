@@ -5,9 +5,11 @@
 //   server: 127.0.0.1:7100         # the server's control endpoint (its control.listen)
 //   secret: change-me-0123456789   # or `secret_file: PATH`; one of the two, >= 16 characters
 //   accelerator: auto              # auto (the best one present), cpu, gpu:N
-//   transport: auto                # auto or shm
+//   transport: auto                # auto or shm (a GPU polls the shm region through a mapping)
 //   log_level: info                # trace, debug, info, warn, error, off
 //   cpu: { workers: 1, cpus: [1], burst: 32, idle_rounds_before_yield: 256 }   # optional
+//   gpu: { workers: 0, block_threads: 128, burst: 32, busy_polls: 2048,        # optional
+//          idle_sleep_max_ns: 4096, stop_timeout_ms: 5000 }
 //   reconnect_interval_ms: 200     # between connection attempts while the server is away
 //   services:
 //     - name: echo                 # a service of the server's config
@@ -20,11 +22,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "caracal/accel/cpu.hpp"
+#include "caracal/accel/gpu/options.hpp"
+#include "caracal/mqueue/status.hpp"
 #include "caracal/config/yaml.hpp"
 #include "caracal/mqueue/layout.hpp"
 
@@ -67,13 +72,18 @@ struct AgentConfig {
   TransportKind transport = TransportKind::kAuto;
   std::string log_level = "info";
   accel::CpuOptions cpu;
+  accel::GpuOptions gpu;
   uint32_t reconnect_interval_ms = 200;
   std::vector<ServiceConfig> services;
 };
 
+// Whether the agent can run an accelerator setting (check_accelerator_available with the
+// agent's backends); its error is reported at the setting's line.
+using AcceleratorCheck = std::function<Status(const AcceleratorSetting&)>;
+
 // Throws config::ConfigError naming the file, line, column and key of the first bad setting.
-AgentConfig parse_agent_config(const config::Field& root);
-AgentConfig load_agent_config(const std::string& path);
+AgentConfig parse_agent_config(const config::Field& root, const AcceleratorCheck& check = {});
+AgentConfig load_agent_config(const std::string& path, const AcceleratorCheck& check = {});
 
 // Agent, service and destination names: what the control protocol accepts, so that they go
 // into logs, metric labels and shm names as they are.

@@ -216,6 +216,9 @@ class RemoteRingConsumer {
 
   EntryCheck last_check() const { return last_check_; }
   uint32_t pending_slots() const { return tail_shadow_ - read_; }
+  // True while slots uncovered by the last observed tail are still being read into staging
+  // (next() reports kEmpty until Transport::progress sees the read complete).
+  bool reading() const { return fetch_target_ != fetched_; }
   uint32_t head() const { return head_; }
   const RingGeometry& geometry() const { return geometry_; }
 

@@ -1,0 +1,562 @@
+// The GPU accelerator: the same handler types as the CPU backend, run by a persistent CUDA
+// kernel that polls the region's queues. A handler source that includes this header is compiled
+// by nvcc (caracal_add_handler does that where CUDA is present).
+//
+// Workers. One worker is a thread, a warp or a block, as the handler's kGranularity says, and
+// owns server queues q with q % workers == w and client queues c with c % workers == w, so
+// every ring side has exactly one owner. The worker's leader (rank 0) alone touches ring state:
+// it polls RX, reserves TX, commits and publishes. The group learns what to do through a
+// mailbox (shared memory for warps and blocks) between barriers, runs the handler together,
+// and the leader commits the reply. A batched handler (kBatch > 1) gets up to kBatch requests
+// of one queue at once; its replies go to per-worker staging in device memory, and the group
+// copies them into the TX ring after the call.
+//
+// Memory ordering. Every index is read with a system-scope acquire and published with a
+// system-scope release (mqueue/platform.hpp): the peer is another processor (the CPU through a
+// mapping, or a NIC's DMA). Payload bytes written by any thread of a group before the group's
+// barrier are ordered before the leader's release of the tail: the barrier orders them before
+// the leader's subsequent operations at block scope, and the PTX memory model's release is
+// cumulative over what the releasing thread has observed that way. Likewise the leader's
+// acquire of an RX tail, then the barrier, orders every thread's reads of that payload after it.
+//
+// Polling and stopping. A worker that finds nothing spins busy_polls rounds, then sleeps with
+// __nanosleep between rounds, doubling up to idle_sleep_max_ns, so an idle service stops
+// reading across PCIe at full rate. The stop word is read every kStopCheckRounds rounds when
+// busy and every round when sleeping; client calls check it while they wait. stop() raises it
+// and waits (bounded) for the kernel to return.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "caracal/accel/gpu/accelerator.cuh is device code: compile the handler source with nvcc"
+#endif
+
+#include <cuda/atomic>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "caracal/accel/bytes.hpp"
+#include "caracal/accel/client.hpp"
+#include "caracal/accel/gpu/cuda.hpp"
+#include "caracal/accel/gpu/launch.hpp"
+#include "caracal/accel/gpu/options.hpp"
+#include "caracal/accel/handler.hpp"
+#include "caracal/mqueue/layout.hpp"
+#include "caracal/mqueue/region.hpp"
+#include "caracal/mqueue/ring.hpp"
+
+namespace caracal::accel::gpu {
+
+namespace detail {
+
+inline constexpr uint32_t kStopCheckRounds = 1024;
+inline constexpr uint32_t kFirstSleepNs = 32;
+
+struct QueueState {
+  mqueue::RingConsumer rx;
+  mqueue::RingProducer tx;
+  uint32_t stopped;  // a corrupt RX entry stopped this queue
+};
+
+enum : uint32_t { kStepIdle = 0, kStepServe = 1, kStepExit = 2 };
+
+// The leader's word to its group before each step.
+struct Mailbox {
+  uint32_t step;
+  uint32_t count;  // requests in this batch
+  Request req;     // single-request handlers
+  std::byte* out;  // where the reply goes
+};
+
+struct KernelArgs {
+  std::byte* region;
+  QueueState* queues;        // [server queues], device memory
+  ClientChannel* channels;   // [workers][channels_per_worker], device memory
+  uint32_t channels_per_worker;
+  WorkerCounters* counters;  // [workers], device alias of mapped host memory
+  Request* batch_requests;   // [workers][kBatch] (batched handlers)
+  std::byte** batch_out;     // [workers][kBatch]
+  uint32_t* batch_sizes;     // [workers][kBatch]
+  std::byte* staging;        // [workers][kBatch][staging_stride]
+  uint32_t staging_stride;
+  uint32_t workers;
+  uint32_t burst;
+  uint32_t busy_polls;
+  uint32_t idle_sleep_max_ns;
+  uint32_t max_response;
+};
+
+// Who a thread is, per granularity.
+template <Granularity G>
+struct Lanes;
+template <>
+struct Lanes<Granularity::kThread> {
+  __device__ static uint32_t worker() { return blockIdx.x * blockDim.x + threadIdx.x; }
+  __device__ static uint32_t rank() { return 0; }
+  __device__ static uint32_t size() { return 1; }
+  __device__ static uint32_t mailbox() { return 0; }
+  __device__ static void sync() {}
+};
+template <>
+struct Lanes<Granularity::kWarp> {
+  __device__ static uint32_t worker() { return (blockIdx.x * blockDim.x + threadIdx.x) / 32; }
+  __device__ static uint32_t rank() { return threadIdx.x % 32; }
+  __device__ static uint32_t size() { return 32; }
+  __device__ static uint32_t mailbox() { return threadIdx.x / 32; }
+  __device__ static void sync() { __syncwarp(); }
+};
+template <>
+struct Lanes<Granularity::kBlock> {
+  __device__ static uint32_t worker() { return blockIdx.x; }
+  __device__ static uint32_t rank() { return threadIdx.x; }
+  __device__ static uint32_t size() { return blockDim.x; }
+  __device__ static uint32_t mailbox() { return 0; }
+  __device__ static void sync() { __syncthreads(); }
+};
+
+// The leader's running totals, written to the worker's counters when they change.
+struct Tally {
+  uint64_t requests = 0;
+  uint64_t handler_errors = 0;
+  uint64_t reply_ring_full = 0;
+  uint64_t corrupt_entries = 0;
+  uint64_t written = 0;  // sum of the above at the last flush
+
+  __device__ void flush(WorkerCounters& c) {
+    const uint64_t sum = requests + handler_errors + reply_ring_full + corrupt_entries;
+    if (sum == written) return;
+    written = sum;
+    // Relaxed: reporting only; the host reads each word relaxed.
+    using Ref = cuda::atomic_ref<uint64_t, cuda::thread_scope_system>;
+    Ref(c.requests).store(requests, cuda::std::memory_order_relaxed);
+    Ref(c.handler_errors).store(handler_errors, cuda::std::memory_order_relaxed);
+    Ref(c.reply_ring_full).store(reply_ring_full, cuda::std::memory_order_relaxed);
+    Ref(c.corrupt_entries).store(corrupt_entries, cuda::std::memory_order_relaxed);
+  }
+};
+
+__device__ inline void overrun_error(Response& resp, Tally& tally) {
+  ++tally.handler_errors;
+  resp.size = 0;
+  resp.flags = 0;
+  resp.set_error("handler response overran its buffer");
+}
+
+// One worker's share of a queue with a single-request handler: up to `burst` requests, replies
+// written in place in the TX ring, then one publish of TX and one of RX. Every thread of the
+// group calls it; the returned count is meaningful in the leader.
+template <class H, class L>
+__device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q, H& handler,
+                                Context& ctx, Mailbox* box, bool leader, Tally& tally) {
+  uint32_t n = 0;
+  for (;;) {
+    if (leader) {
+      box->step = kStepIdle;
+      if (n < a.burst && qs.stopped == 0) {
+        mqueue::Entry e;
+        const mqueue::PollResult r = qs.rx.next(e);
+        if (r == mqueue::PollResult::kReady) {
+          std::byte* out = qs.tx.reserve(a.max_response);
+          if (out == nullptr) {
+            qs.rx.unread();  // no room for the reply: leave the request for a later round
+            ++tally.reply_ring_full;
+          } else {
+            box->step = kStepServe;
+            box->req = Request{e.payload, e.length, q, e.token};
+            box->out = out;
+          }
+        } else if (r == mqueue::PollResult::kCorrupt) {
+          qs.stopped = 1;
+          ++tally.corrupt_entries;
+        }
+      }
+    }
+    L::sync();
+    const bool serve = box->step == kStepServe;
+    Request req{};
+    std::byte* out = nullptr;
+    if (serve) {
+      req = box->req;
+      out = box->out;
+    }
+    L::sync();  // everyone has read the mailbox before the leader writes it again
+    if (!serve) break;
+    Response resp{out, a.max_response, 0, 0};
+    handler(req, resp, ctx);
+    L::sync();  // every thread's reply bytes are written
+    if (leader) {
+      if (resp.size > resp.capacity) overrun_error(resp, tally);
+      qs.tx.commit(resp.size, req.token, resp.flags);
+      qs.rx.release();
+      ++n;
+    }
+  }
+  if (leader && n != 0) {
+    qs.tx.publish();  // replies first, then the RX credits they free
+    qs.rx.publish();
+    tally.requests += n;
+  }
+  return n;
+}
+
+// The same with a batched handler: up to kBatch requests per call, as many as the TX ring is
+// sure to have room for (k replies of up to max_response each, whatever skip marker the ring's
+// end forces: (k + 1) * per_reply - 1 slots).
+template <class H, class L>
+__device__ uint32_t serve_batches(const KernelArgs& a, QueueState& qs, uint32_t q, uint32_t w,
+                                  H& handler, Context& ctx, Mailbox* box, bool leader,
+                                  Tally& tally) {
+  constexpr uint32_t kBatch = batch_of<H>();
+  Request* reqs = a.batch_requests + size_t{w} * kBatch;
+  std::byte** outs = a.batch_out + size_t{w} * kBatch;
+  uint32_t* sizes = a.batch_sizes + size_t{w} * kBatch;
+  std::byte* staging = a.staging + size_t{w} * kBatch * a.staging_stride;
+  uint32_t total = 0;
+  for (;;) {
+    if (leader) {
+      uint32_t k = 0;
+      if (total < a.burst && qs.stopped == 0) {
+        const uint32_t per_reply = mqueue::slots_for(a.max_response, qs.tx.geometry().slot_bytes);
+        uint32_t room = qs.tx.credits();
+        if (room < 2 * per_reply - 1) {
+          qs.tx.refresh_credits();
+          room = qs.tx.credits();
+        }
+        mqueue::Entry e;
+        while (k < kBatch && (k + 2) * per_reply - 1 <= room) {
+          const mqueue::PollResult r = qs.rx.next(e);
+          if (r == mqueue::PollResult::kEmpty) break;
+          if (r == mqueue::PollResult::kCorrupt) {
+            qs.stopped = 1;
+            ++tally.corrupt_entries;
+            break;
+          }
+          reqs[k] = Request{e.payload, e.length, q, e.token};
+          ++k;
+        }
+        if (k == 0 && room < 2 * per_reply - 1) ++tally.reply_ring_full;
+      }
+      box->count = k;
+    }
+    L::sync();
+    const uint32_t k = box->count;
+    L::sync();
+    if (k == 0) break;
+    Response resps[kBatch];
+    for (uint32_t i = 0; i < k; ++i) {
+      resps[i] = Response{staging + size_t{i} * a.staging_stride, a.max_response, 0, 0};
+    }
+    handler(static_cast<const Request*>(reqs), resps, k, ctx);
+    L::sync();  // staging holds every reply
+    if (leader) {
+      for (uint32_t i = 0; i < k; ++i) {
+        if (resps[i].size > resps[i].capacity) overrun_error(resps[i], tally);
+        outs[i] = qs.tx.reserve(resps[i].size);  // room was checked above
+        qs.tx.commit(resps[i].size, reqs[i].token, resps[i].flags);
+        sizes[i] = resps[i].size;
+      }
+      qs.rx.release();
+    }
+    L::sync();
+    const Group group(granularity_of<H>(), L::rank(), L::size());
+    for (uint32_t i = 0; i < k; ++i) {
+      group_copy(group, outs[i], staging + size_t{i} * a.staging_stride, sizes[i]);
+    }
+    L::sync();  // the copies are done before the leader publishes or reuses staging
+    if (leader) total += k;
+  }
+  if (leader && total != 0) {
+    qs.tx.publish();
+    qs.rx.publish();
+    tally.requests += total;
+  }
+  return total;
+}
+
+// One extern declaration of the dynamic shared memory for every instantiation.
+extern __shared__ __align__(16) unsigned char mailbox_memory[];
+
+template <class H>
+__global__ void serve_kernel(KernelArgs a, H prototype) {
+  constexpr Granularity kG = granularity_of<H>();
+  using L = Lanes<kG>;
+  const uint32_t w = L::worker();
+  if (w >= a.workers) return;  // whole warps or blocks past the last worker: nothing to own
+  const bool leader = L::rank() == 0;
+  Mailbox own{};
+  Mailbox* box = kG == Granularity::kThread
+                     ? &own
+                     : reinterpret_cast<Mailbox*>(mailbox_memory) + L::mailbox();
+
+  const mqueue::RegionView region(a.region);
+  const uint32_t server_queues = region.server_queue_count();
+  const uint32_t client_queues = region.client_queue_count();
+  ClientChannel* channels = a.channels + size_t{w} * a.channels_per_worker;
+  uint32_t channel_count = 0;
+  for (uint32_t c = w; c < client_queues; c += a.workers)
+    ++channel_count;
+  if (leader) {
+    // Ring state starts from the indexes in the region, so a restarted kernel resumes where the
+    // last one published.
+    for (uint32_t q = w; q < server_queues; q += a.workers) {
+      a.queues[q] = QueueState{region.rx_consumer(q), region.tx_producer(q), 0};
+    }
+    for (uint32_t c = w, i = 0; c < client_queues; c += a.workers, ++i) {
+      channels[i] = ClientChannel(region, c);
+    }
+  }
+  L::sync();
+
+  H handler = prototype;  // every thread its own copy
+  Context ctx(Group(kG, L::rank(), L::size()), channels, channel_count, w);
+  Tally tally;
+  uint32_t rounds = 0;
+  uint32_t idle = 0;
+  uint32_t sleep_ns = 0;
+  for (;;) {
+    uint32_t served = 0;
+    for (uint32_t q = w; q < server_queues; q += a.workers) {
+      if constexpr (batch_of<H>() == 1) {
+        served += serve_queue<H, L>(a, a.queues[q], q, handler, ctx, box, leader, tally);
+      } else {
+        served += serve_batches<H, L>(a, a.queues[q], q, w, handler, ctx, box, leader, tally);
+      }
+    }
+    if (leader) {
+      tally.flush(a.counters[w]);
+      ++rounds;
+      if (served != 0) {
+        idle = 0;
+        sleep_ns = 0;
+      } else if (idle <= a.busy_polls) {
+        ++idle;
+      }
+      const bool sleeping = served == 0 && idle > a.busy_polls;
+      const bool stop = (sleeping || rounds % kStopCheckRounds == 0) && region.stop_requested();
+      box->step = stop ? kStepExit : kStepServe;
+      if (!stop && sleeping) {
+        sleep_ns = sleep_ns == 0 ? kFirstSleepNs : sleep_ns * 2;
+        if (sleep_ns > a.idle_sleep_max_ns) sleep_ns = a.idle_sleep_max_ns;
+        __nanosleep(sleep_ns);
+      }
+    }
+    L::sync();
+    const bool exit = box->step == kStepExit;
+    L::sync();
+    if (exit) break;
+  }
+}
+
+}  // namespace detail
+
+template <Handler H>
+class GpuAccelerator {
+ public:
+  GpuAccelerator(GpuRegion region, H handler, GpuOptions options = {}, int device = 0)
+      : region_(region), handler_(std::move(handler)), options_(options), device_(device) {}
+  GpuAccelerator(const GpuAccelerator&) = delete;
+  GpuAccelerator& operator=(const GpuAccelerator&) = delete;
+  ~GpuAccelerator() { (void)stop(); }
+
+  // Launches the persistent kernel. Fails, with nothing left running, when the device cannot
+  // hold every worker at once (a worker that is never scheduled would leave its queues unserved).
+  Status start() {
+    if (running_) return invalid_argument("GPU accelerator already started");
+    if (Status s = use_device(device_); !s.ok()) return s;
+    Result<mqueue::RegionHeader> header = detail::read_header(region_);
+    if (!header.ok()) return header.status();
+    header_ = *header;
+    uint32_t block_threads = options_.block_threads;
+    if constexpr (requires { H::kBlockThreads; }) block_threads = H::kBlockThreads;
+    Result<detail::LaunchShape> shape =
+        detail::launch_shape(granularity_of<H>(), header_.server_queue_count, options_,
+                             block_threads, sizeof(detail::Mailbox));
+    if (!shape.ok()) return shape.status();
+    shape_ = *shape;
+    if (Status s = detail::check_resident(reinterpret_cast<const void*>(&detail::serve_kernel<H>),
+                                          shape_, device_, summary());
+        !s.ok()) {
+      return s;
+    }
+
+    auto res = std::make_unique<detail::LaunchResources>();
+    const uint32_t w = shape_.workers;
+    constexpr uint32_t kBatch = batch_of<H>();
+    const uint32_t max_response = max_response_of<H>(header_.max_message_bytes);
+    const uint32_t per_worker = (header_.client_queue_count + w - 1) / w;
+    const uint32_t stride = static_cast<uint32_t>(mqueue::round_up(max_response, 16));
+    auto alloc = [](DeviceBuffer& b, uint64_t bytes, const char* what) -> Status {
+      if (bytes == 0) return Status::ok_status();
+      Result<DeviceBuffer> r = DeviceBuffer::allocate(bytes, what);
+      if (!r.ok()) return r.status();
+      b = std::move(r).value();
+      return Status::ok_status();
+    };
+    const uint64_t batch_entry = sizeof(Request) + sizeof(std::byte*) + sizeof(uint32_t);
+    if (Status s = alloc(res->queues, sizeof(detail::QueueState) * header_.server_queue_count,
+                         "GPU queue state");
+        !s.ok()) {
+      return s;
+    }
+    if (Status s = alloc(res->channels, sizeof(ClientChannel) * w * per_worker, "GPU client state");
+        !s.ok()) {
+      return s;
+    }
+    if constexpr (kBatch > 1) {
+      if (Status s = alloc(res->batch, batch_entry * w * kBatch, "GPU batch state"); !s.ok()) {
+        return s;
+      }
+      if (Status s = alloc(res->staging, uint64_t{stride} * w * kBatch, "GPU reply staging");
+          !s.ok()) {
+        return s;
+      }
+    }
+    Result<MappedBuffer> counters =
+        MappedBuffer::allocate(sizeof(WorkerCounters) * w, "GPU worker counters");
+    if (!counters.ok()) return counters.status();
+    res->counters = std::move(counters).value();
+    Result<Stream> stream = Stream::create("GPU accelerator");
+    if (!stream.ok()) return stream.status();
+    res->stream = std::move(stream).value();
+    Result<Stream> control = Stream::create("GPU accelerator control");
+    if (!control.ok()) return control.status();
+    res->control = std::move(control).value();
+
+    // This accelerator's own earlier stop() left the stop word raised: starting again clears
+    // it. A stop raised by anyone else (the SmartNIC, the agent) stays in force.
+    if (raised_stop_) {
+      if (Status s = detail::write_stop_word(region_, header_, 0, res->control.get()); !s.ok()) {
+        return s;
+      }
+      raised_stop_ = false;
+    }
+
+    detail::KernelArgs args{};
+    args.region = region_.device;
+    args.queues = reinterpret_cast<detail::QueueState*>(res->queues.data());
+    args.channels = reinterpret_cast<ClientChannel*>(res->channels.data());
+    args.channels_per_worker = per_worker;
+    args.counters = reinterpret_cast<WorkerCounters*>(res->counters.device());
+    if constexpr (kBatch > 1) {
+      std::byte* b = res->batch.data();
+      args.batch_requests = reinterpret_cast<Request*>(b);
+      args.batch_out = reinterpret_cast<std::byte**>(b + sizeof(Request) * w * kBatch);
+      args.batch_sizes = reinterpret_cast<uint32_t*>(
+          b + (sizeof(Request) + sizeof(std::byte*)) * w * kBatch);
+      args.staging = res->staging.data();
+    }
+    args.staging_stride = stride;
+    args.workers = w;
+    args.burst = options_.burst == 0 ? 1 : options_.burst;
+    args.busy_polls = options_.busy_polls;
+    args.idle_sleep_max_ns = options_.idle_sleep_max_ns == 0 ? 1 : options_.idle_sleep_max_ns;
+    args.max_response = max_response;
+    detail::serve_kernel<H><<<shape_.blocks, shape_.threads, shape_.shared_bytes,
+                              res->stream.get()>>>(args, handler_);
+    if (Status s = cuda_status(cudaGetLastError(), "launching " + summary()); !s.ok()) return s;
+    resources_ = std::move(res);
+    running_ = true;
+    failure_ = Status::ok_status();
+    return Status::ok_status();
+  }
+
+  // Raises the region's stop word and waits, up to options.stop_timeout_ms, for the kernel to
+  // return. A kernel that does not return is reported (and its memory left allocated: freeing
+  // it would wait for the kernel); it ends with the process.
+  Status stop() {
+    if (!running_) return Status::ok_status();
+    Status raised =
+        detail::write_stop_word(region_, header_, 1, resources_->control.get());
+    raised_stop_ = raised.ok();
+    bool timed_out = false;
+    Status done = raised.ok() ? wait_stream(resources_->stream.get(),
+                                            std::chrono::milliseconds(options_.stop_timeout_ms),
+                                            "stopping " + summary(), &timed_out)
+                              : raised;
+    running_ = false;
+    if (timed_out) {
+      (void)resources_.release();  // the kernel may still use it: see above
+      failure_ = done;
+      return done;
+    }
+    snapshot_counters();
+    resources_.reset();
+    if (!done.ok()) failure_ = done;
+    return done;
+  }
+
+  // OK while the kernel serves (or after a clean stop); otherwise why it is not serving: it
+  // failed (a fault in the handler poisons the CUDA context: only a new process recovers), or
+  // it returned because someone else raised the stop word.
+  Status health() {
+    if (!running_) return failure_;
+    const cudaError_t e = cudaStreamQuery(resources_->stream.get());
+    if (e == cudaErrorNotReady) return Status::ok_status();
+    if (e == cudaSuccess) {
+      return Status(StatusCode::kAborted,
+                    summary() + " returned: the region's stop word was raised by its peer");
+    }
+    return cuda_status(e, summary() + " failed");
+  }
+
+  bool running() const { return running_; }
+  uint32_t workers() const { return shape_.workers; }
+  WorkerCounters counters(uint32_t worker) const {
+    if (running_) return read_counters(worker);
+    return worker < last_counters_.size() ? last_counters_[worker] : WorkerCounters{};
+  }
+  uint64_t total_requests() const {
+    uint64_t n = 0;
+    for (uint32_t w = 0; w < shape_.workers; ++w)
+      n += counters(w).requests;
+    return n;
+  }
+  // "gpu:0 kernel: 4 warp-granular workers in 1 block(s) of 128 threads"
+  std::string summary() const {
+    return "gpu:" + std::to_string(device_) + " kernel: " + std::to_string(shape_.workers) + " " +
+           detail::granularity_name(granularity_of<H>()) + "-granular worker(s) in " +
+           std::to_string(shape_.blocks) + " block(s) of " + std::to_string(shape_.threads) +
+           " threads";
+  }
+
+ private:
+  WorkerCounters read_counters(uint32_t worker) const {
+    WorkerCounters out;
+    if (!resources_ || worker >= shape_.workers) return out;
+    auto* c = reinterpret_cast<WorkerCounters*>(resources_->counters.host()) + worker;
+    // Relaxed: the GPU writes these for reporting only.
+    out.requests = std::atomic_ref<uint64_t>(c->requests).load(std::memory_order_relaxed);
+    out.handler_errors =
+        std::atomic_ref<uint64_t>(c->handler_errors).load(std::memory_order_relaxed);
+    out.reply_ring_full =
+        std::atomic_ref<uint64_t>(c->reply_ring_full).load(std::memory_order_relaxed);
+    out.corrupt_entries =
+        std::atomic_ref<uint64_t>(c->corrupt_entries).load(std::memory_order_relaxed);
+    return out;
+  }
+  void snapshot_counters() {
+    last_counters_.assign(shape_.workers, WorkerCounters{});
+    for (uint32_t w = 0; w < shape_.workers; ++w)
+      last_counters_[w] = read_counters(w);
+  }
+
+  GpuRegion region_;
+  H handler_;
+  GpuOptions options_;
+  int device_;
+  mqueue::RegionHeader header_{};
+  detail::LaunchShape shape_{};
+  std::unique_ptr<detail::LaunchResources> resources_;
+  std::vector<WorkerCounters> last_counters_;
+  bool running_ = false;
+  bool raised_stop_ = false;
+  Status failure_;
+};
+
+}  // namespace caracal::accel::gpu

@@ -1,0 +1,577 @@
+// caracal_gpu_bench: the GPU accelerator over the `shm` transport, measured the way it is
+// deployed: the SmartNIC side is a separate process that never touches CUDA (a forked child,
+// driving RemoteRegion<ShmTransport> on the region's memfd mapping), the agent side registers
+// the mapping with CUDA and runs the persistent kernel on it.
+//
+//   floor       a flag ping-pong between that process and a kernel polling a mapped word:
+//               the least a round trip across PCIe can take here
+//   rtt         one 64-byte request in flight through the rings and the echo handler
+//   throughput  rings kept full by several driver threads, for queue counts, handler batch
+//               sizes and message sizes, next to the host-to-device copy bandwidth
+//
+// Every reply is checked (token and length); a wrong or missing one ends the run with an error.
+// Writes JSON (and a markdown table) with the GPU, the date and the commit.
+#include <CLI/CLI.hpp>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../mqueue/json_writer.hpp"
+#include "../mqueue/machine_info.hpp"
+#include "../mqueue/measure.hpp"
+#include "caracal/accel/bytes.hpp"
+#include "caracal/accel/gpu/accelerator.cuh"
+#include "caracal/accel/gpu/cuda.hpp"
+#include "caracal/mqueue/platform.hpp"
+#include "caracal/mqueue/remote_region.hpp"
+#include "caracal/mqueue/shm.hpp"
+
+namespace caracal::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using accel::Granularity;
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+          .count());
+}
+
+// --- handlers -------------------------------------------------------------------------------
+
+// The examples' echo (warp-granular, 16-byte copies), optionally batched.
+template <uint32_t B>
+struct Echo {
+  static constexpr Granularity kGranularity = Granularity::kWarp;
+  static constexpr uint32_t kBatch = B;
+  CARACAL_HOST_DEVICE void operator()(const accel::Request& req, accel::Response& resp,
+                                      accel::Context& ctx) const {
+    accel::group_copy(ctx.group(), resp.data, req.data, req.size);
+    resp.size = req.size;
+  }
+  CARACAL_HOST_DEVICE void operator()(const accel::Request* reqs, accel::Response* resps,
+                                      uint32_t n, accel::Context& ctx) const {
+    for (uint32_t i = 0; i < n; ++i) {
+      accel::group_copy(ctx.group(), resps[i].data, reqs[i].data, reqs[i].size);
+      resps[i].size = reqs[i].size;
+    }
+  }
+};
+
+// Reads the whole request (a warp sums its 16-byte words) and answers 8 bytes: what a handler
+// that consumes large requests and returns a small result costs.
+template <uint32_t B>
+struct Sink {
+  static constexpr Granularity kGranularity = Granularity::kWarp;
+  static constexpr uint32_t kBatch = B;
+  static constexpr uint32_t kMaxResponseBytes = 8;
+  __device__ static uint64_t sum(const accel::Request& req, const accel::Group& g) {
+    uint64_t s = 0;
+    const uint4* words = reinterpret_cast<const uint4*>(req.data);
+    for (uint32_t i = g.rank(); i < req.size / 16; i += g.size()) {
+      const uint4 w = words[i];
+      s += w.x + w.y + w.z + w.w;
+    }
+    for (int o = 16; o > 0; o /= 2)
+      s += __shfl_down_sync(0xffffffffu, s, o);
+    return s;
+  }
+  __device__ void operator()(const accel::Request& req, accel::Response& resp,
+                             accel::Context& ctx) const {
+    const uint64_t s = sum(req, ctx.group());
+    if (ctx.group().leader()) std::memcpy(resp.data, &s, 8);
+    resp.size = 8;
+  }
+  __device__ void operator()(const accel::Request* reqs, accel::Response* resps, uint32_t n,
+                             accel::Context& ctx) const {
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint64_t s = sum(reqs[i], ctx.group());
+      if (ctx.group().leader()) std::memcpy(resps[i].data, &s, 8);
+      resps[i].size = 8;
+    }
+  }
+};
+
+// --- the floor ------------------------------------------------------------------------------
+
+__global__ void flag_responder(uint32_t* ping, uint32_t* pong, uint32_t count) {
+  for (uint32_t i = 1; i <= count; ++i) {
+    uint32_t spins = 0;
+    while (mqueue::load_acquire(ping) != i) {
+      if (++spins > (1u << 30)) return;  // the driver is gone
+    }
+    mqueue::store_release(pong, i);
+  }
+}
+
+// Shared between the bench and its driver child (MAP_SHARED before the fork).
+struct Shared {
+  std::atomic<uint32_t> go{0};
+  std::atomic<uint32_t> done{0};
+  std::atomic<uint64_t> replies{0};
+  std::atomic<uint64_t> errors{0};
+  char error[256] = {};
+  uint64_t samples[1];  // followed by more
+};
+
+Shared* map_shared(size_t samples) {
+  const size_t bytes = sizeof(Shared) + samples * sizeof(uint64_t);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("mmap of the shared results failed");
+  return new (p) Shared();
+}
+
+void fail_child(Shared* s, const std::string& why) {
+  std::snprintf(s->error, sizeof(s->error), "%s", why.c_str());
+  s->errors.fetch_add(1);
+}
+
+// Runs `driver` in a child process (which must not touch CUDA) and `accelerator` here; the child
+// starts once `go` is raised. Returns the child's error, if any.
+std::string run_pair(Shared* shared, const std::function<void()>& driver,
+                     const std::function<Status()>& start, const std::function<void()>& stop) {
+  const pid_t child = fork();
+  if (child < 0) return "fork failed";
+  if (child == 0) {
+    while (shared->go.load(std::memory_order_acquire) == 0)
+      std::this_thread::yield();
+    try {
+      driver();
+    } catch (const std::exception& e) {
+      fail_child(shared, e.what());
+    }
+    shared->done.store(1, std::memory_order_release);
+    _exit(0);
+  }
+  Status s = start();
+  if (!s.ok()) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    return s.message();
+  }
+  shared->go.store(1, std::memory_order_release);
+  int status = 0;
+  waitpid(child, &status, 0);
+  stop();
+  if (shared->errors.load() != 0) return shared->error;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "the driver process failed";
+  return "";
+}
+
+LatencySummary measure_floor(uint32_t count) {
+  Shared* shared = map_shared(count);
+  Result<mqueue::ShmMapping> flags = mqueue::ShmMapping::create_memfd("gpu-bench-flags", 4096);
+  if (!flags.ok()) throw std::runtime_error(flags.status().message());
+  auto* ping = reinterpret_cast<uint32_t*>(flags->data());
+  auto* pong = reinterpret_cast<uint32_t*>(flags->data() + 64);
+  accel::gpu::MappedHostRange range;
+  accel::gpu::Stream stream;
+  const std::string err = run_pair(
+      shared,
+      [&] {
+        for (uint32_t i = 1; i <= count; ++i) {
+          const uint64_t t0 = now_ns();
+          mqueue::store_release(ping, i);
+          while (mqueue::load_acquire(pong) != i) {
+          }
+          shared->samples[i - 1] = now_ns() - t0;
+        }
+      },
+      [&]() -> Status {
+        Result<accel::gpu::MappedHostRange> r =
+            accel::gpu::MappedHostRange::register_range(flags->data(), flags->size());
+        if (!r.ok()) return r.status();
+        range = std::move(r).value();
+        Result<accel::gpu::Stream> st = accel::gpu::Stream::create("floor");
+        if (!st.ok()) return st.status();
+        stream = std::move(st).value();
+        flag_responder<<<1, 1, 0, stream.get()>>>(
+            reinterpret_cast<uint32_t*>(range.device()),
+            reinterpret_cast<uint32_t*>(range.device() + 64), count);
+        return accel::gpu::cuda_status(cudaGetLastError(), "flag responder");
+      },
+      [&] { cudaStreamSynchronize(stream.get()); });
+  if (!err.empty()) throw std::runtime_error("floor: " + err);
+  std::vector<uint64_t> v(shared->samples, shared->samples + count);
+  return summarize(v);
+}
+
+// --- through the rings ----------------------------------------------------------------------
+
+struct RingSetup {
+  uint32_t queues = 1;
+  uint32_t message = 64;
+  uint32_t slot_bytes = 128;
+  uint32_t capacity = 1024;
+};
+
+mqueue::ShmMapping make_region(const RingSetup& r) {
+  mqueue::RegionGeometry g;
+  g.server_queue_count = r.queues;
+  g.slot_bytes = r.slot_bytes;
+  g.ring_capacity = r.capacity;
+  g.max_message_bytes = r.message;
+  Result<mqueue::ShmMapping> m = mqueue::create_shm_region(g, 1, "gpu-bench");
+  if (!m.ok()) throw std::runtime_error(m.status().message());
+  return std::move(m).value();
+}
+
+// Starts GpuAccelerator<H> on the mapping (registered) for run_pair.
+template <class H>
+struct GpuSide {
+  explicit GpuSide(mqueue::ShmMapping& region) : region_(region) {}
+  Status start() {
+    Result<accel::gpu::MappedHostRange> r =
+        accel::gpu::MappedHostRange::register_range(region_.data(), region_.size());
+    if (!r.ok()) return r.status();
+    range_ = std::move(r).value();
+    acc_.emplace(accel::gpu::GpuRegion{range_.device(), range_.host()}, H{}, accel::GpuOptions{},
+                 0);
+    return acc_->start();
+  }
+  void stop() {
+    if (acc_) (void)acc_->stop();
+  }
+  mqueue::ShmMapping& region_;
+  accel::gpu::MappedHostRange range_;
+  std::optional<accel::gpu::GpuAccelerator<H>> acc_;
+};
+
+LatencySummary measure_rtt(uint32_t count, uint32_t message) {
+  RingSetup setup;
+  setup.message = message;
+  setup.capacity = 256;
+  mqueue::ShmMapping region = make_region(setup);
+  Shared* shared = map_shared(count);
+  GpuSide<Echo<1>> gpu(region);
+  const std::string err = run_pair(
+      shared,
+      [&] {
+        mqueue::ShmTransport t(region.data(), region.size());
+        auto remote = mqueue::RemoteRegion<mqueue::ShmTransport>::attach(&t);
+        if (!remote.ok()) throw std::runtime_error(remote.status().message());
+        std::vector<std::byte> payload(message, std::byte{0x5a});
+        auto& rx = remote->rx(0);
+        auto& tx = remote->tx(0);
+        const uint32_t warmup = count / 10;
+        for (uint32_t i = 0; i < count + warmup; ++i) {
+          const uint64_t t0 = now_ns();
+          if (!rx.push(payload.data(), message, i)) throw std::runtime_error("RX ring full");
+          rx.publish();
+          mqueue::Entry e;
+          for (;;) {
+            tx.refresh_tail();
+            const mqueue::PollResult r = tx.next(e);
+            if (r == mqueue::PollResult::kReady) break;
+            if (r == mqueue::PollResult::kCorrupt) throw std::runtime_error("corrupt reply");
+          }
+          const uint64_t t1 = now_ns();
+          if (e.token != i || e.length != message) throw std::runtime_error("wrong reply");
+          tx.release();
+          tx.publish();
+          if (i >= warmup) shared->samples[i - warmup] = t1 - t0;
+        }
+      },
+      [&] { return gpu.start(); }, [&] { gpu.stop(); });
+  if (!err.empty()) throw std::runtime_error("rtt: " + err);
+  std::vector<uint64_t> v(shared->samples, shared->samples + count);
+  return summarize(v);
+}
+
+struct ThroughputResult {
+  std::string handler;
+  uint32_t batch = 1;
+  uint32_t queues = 0;
+  uint32_t message = 0;
+  uint32_t reply = 0;
+  uint32_t driver_threads = 0;
+  double seconds = 0;
+  uint64_t replies = 0;
+  double messages_per_s = 0;
+  double request_gbytes_per_s = 0;
+};
+
+// Keeps every RX ring full from `threads` driver threads (each owns queues q % threads) for
+// `seconds`, and counts the replies, checking each one's length and token order.
+template <class H>
+ThroughputResult measure_throughput(const char* name, uint32_t queues, uint32_t message,
+                                    uint32_t reply, double seconds, uint32_t max_threads) {
+  RingSetup setup;
+  setup.queues = queues;
+  setup.message = message;
+  setup.slot_bytes = message <= 112 ? 128 : 2048;
+  setup.capacity = message <= 112 ? 1024 : 256;
+  mqueue::ShmMapping region = make_region(setup);
+  Shared* shared = map_shared(1);
+  const uint32_t threads = std::min(queues, max_threads);
+  GpuSide<H> gpu(region);
+  double elapsed = 0;
+  const std::string err = run_pair(
+      shared,
+      [&] {
+        std::atomic<bool> stop{false};
+        std::atomic<bool> counting{false};
+        std::vector<std::thread> pool;
+        for (uint32_t t = 0; t < threads; ++t) {
+          pool.emplace_back([&, t] {
+            try {
+              mqueue::ShmTransport tr(region.data(), region.size());
+              auto remote = mqueue::RemoteRegion<mqueue::ShmTransport>::attach(&tr);
+              if (!remote.ok()) throw std::runtime_error(remote.status().message());
+              std::vector<std::byte> payload(message, std::byte{1});
+              std::vector<uint64_t> sent(queues, 0), got(queues, 0);
+              uint64_t counted = 0;
+              while (!stop.load(std::memory_order_relaxed)) {
+                for (uint32_t q = t; q < queues; q += threads) {
+                  auto& rx = remote->rx(q);
+                  while (rx.push(payload.data(), message, sent[q]))
+                    ++sent[q];
+                  rx.publish();
+                  auto& tx = remote->tx(q);
+                  tx.refresh_tail();
+                  mqueue::Entry e;
+                  mqueue::PollResult r;
+                  while ((r = tx.next(e)) == mqueue::PollResult::kReady) {
+                    if (e.token != got[q] || e.length != reply) {
+                      throw std::runtime_error("queue " + std::to_string(q) + ": reply " +
+                                               std::to_string(got[q]) + " wrong");
+                    }
+                    ++got[q];
+                    if (counting.load(std::memory_order_relaxed)) ++counted;
+                  }
+                  if (r == mqueue::PollResult::kCorrupt) throw std::runtime_error("corrupt reply");
+                  tx.release();
+                  tx.publish();
+                }
+              }
+              shared->replies.fetch_add(counted);
+            } catch (const std::exception& e) {
+              fail_child(shared, e.what());
+              stop.store(true);
+            }
+          });
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // warm-up
+        counting.store(true);
+        const auto t0 = Clock::now();
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        counting.store(false);
+        const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+        stop.store(true);
+        for (auto& th : pool)
+          th.join();
+        shared->samples[0] = static_cast<uint64_t>(secs * 1e9);
+      },
+      [&] { return gpu.start(); }, [&] { gpu.stop(); });
+  if (!err.empty()) throw std::runtime_error(std::string("throughput ") + name + ": " + err);
+  elapsed = static_cast<double>(shared->samples[0]) / 1e9;
+  ThroughputResult r;
+  r.handler = name;
+  r.batch = accel::batch_of<H>();
+  r.queues = queues;
+  r.message = message;
+  r.reply = reply;
+  r.driver_threads = threads;
+  r.seconds = elapsed;
+  r.replies = shared->replies.load();
+  r.messages_per_s = static_cast<double>(r.replies) / elapsed;
+  r.request_gbytes_per_s = r.messages_per_s * message / 1e9;
+  return r;
+}
+
+// Host-to-device copy bandwidth from pinned memory: the median of several 256 MiB copies.
+double h2d_bandwidth_gbytes() {
+  const size_t bytes = 256u << 20;
+  void* host = nullptr;
+  void* dev = nullptr;
+  if (cudaHostAlloc(&host, bytes, cudaHostAllocDefault) != cudaSuccess ||
+      cudaMalloc(&dev, bytes) != cudaSuccess) {
+    throw std::runtime_error("cannot allocate for the copy bandwidth");
+  }
+  std::memset(host, 1, bytes);
+  std::vector<double> rates;
+  for (int i = 0; i < 9; ++i) {
+    const auto t0 = Clock::now();
+    cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (i > 0) rates.push_back(bytes / s / 1e9);
+  }
+  cudaFreeHost(host);
+  cudaFree(dev);
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+void write_latency(JsonWriter& j, const LatencySummary& s) {
+  j.begin_object();
+  j.key("samples");
+  j.value(s.samples);
+  j.key("p50_ns");
+  j.value(s.p50_ns);
+  j.key("p90_ns");
+  j.value(s.p90_ns);
+  j.key("p99_ns");
+  j.value(s.p99_ns);
+  j.key("p999_ns");
+  j.value(s.p999_ns);
+  j.key("max_ns");
+  j.value(s.max_ns);
+  j.key("mean_ns");
+  j.value(s.mean_ns);
+  j.end_object();
+}
+
+}  // namespace
+}  // namespace caracal::bench
+
+int main(int argc, char** argv) {
+  using namespace caracal::bench;
+  CLI::App app{"caracal_gpu_bench: the GPU accelerator over shm, with its floor and baselines"};
+  std::string json_path = "gpu-bench.json";
+  std::string md_path = "gpu-bench.md";
+  std::string commit = "unknown";
+  uint32_t samples = 100000;
+  double seconds = 1.0;
+  uint32_t max_threads = 12;
+  app.add_option("--json", json_path, "JSON report");
+  app.add_option("--markdown", md_path, "markdown table");
+  app.add_option("--commit", commit, "the commit measured");
+  app.add_option("--samples", samples, "round trips per latency measurement");
+  app.add_option("--seconds", seconds, "seconds per throughput point");
+  app.add_option("--driver-threads", max_threads, "most SmartNIC-side threads");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const MachineInfo machine = collect_machine_info();
+    caracal::Result<caracal::accel::gpu::DeviceInfo> gpu = caracal::accel::gpu::describe_device(0);
+    if (!gpu.ok()) {
+      std::fprintf(stderr, "no GPU: %s\n", gpu.status().message().c_str());
+      return 77;
+    }
+    std::printf("%s\n", gpu->str().c_str());
+    const LatencySummary floor = measure_floor(samples);
+    std::printf("floor: p50 %.2f us p99 %.2f us\n", floor.p50_ns / 1e3, floor.p99_ns / 1e3);
+    const LatencySummary rtt = measure_rtt(samples, 64);
+    std::printf("rtt 64 B: p50 %.2f us p99 %.2f us\n", rtt.p50_ns / 1e3, rtt.p99_ns / 1e3);
+    const double h2d = h2d_bandwidth_gbytes();
+    std::printf("host-to-device copy: %.1f GB/s\n", h2d);
+
+    std::vector<ThroughputResult> tp;
+    auto run = [&](ThroughputResult r) {
+      std::printf("%-5s batch %2u queues %3u %5u B: %7.2f M msg/s %6.2f GB/s (%u threads)\n",
+                  r.handler.c_str(), r.batch, r.queues, r.message, r.messages_per_s / 1e6,
+                  r.request_gbytes_per_s, r.driver_threads);
+      std::fflush(stdout);
+      tp.push_back(r);
+    };
+    for (uint32_t q : {1u, 8u, 32u, 128u}) {
+      run(measure_throughput<Echo<1>>("echo", q, 64, 64, seconds, max_threads));
+      run(measure_throughput<Echo<8>>("echo", q, 64, 64, seconds, max_threads));
+      run(measure_throughput<Echo<32>>("echo", q, 64, 64, seconds, max_threads));
+    }
+    for (uint32_t q : {8u, 32u, 128u}) {
+      run(measure_throughput<Echo<1>>("echo", q, 1024, 1024, seconds, max_threads));
+      run(measure_throughput<Echo<32>>("echo", q, 1024, 1024, seconds, max_threads));
+      run(measure_throughput<Sink<1>>("sink", q, 1024, 8, seconds, max_threads));
+      run(measure_throughput<Sink<32>>("sink", q, 1024, 8, seconds, max_threads));
+    }
+
+    std::ofstream out(json_path);
+    JsonWriter j(out);
+    j.begin_object();
+    j.key("benchmark");
+    j.value("caracal_gpu_bench");
+    j.key("commit");
+    j.value(commit);
+    j.key("date_utc");
+    j.value(machine.date_utc);
+    j.key("gpu");
+    j.value(gpu->str());
+    j.key("cpu");
+    j.value(machine.cpu_model);
+    j.key("online_cpus");
+    j.value(machine.online_cpus);
+    j.key("kernel");
+    j.value(machine.kernel);
+    j.key("transport");
+    j.value("shm: memfd region registered with cudaHostRegister(Mapped); SmartNIC side in a "
+            "separate process that never touches CUDA");
+    j.key("floor_flag_pingpong");
+    write_latency(j, floor);
+    j.key("rtt_echo_64B");
+    write_latency(j, rtt);
+    j.key("rtt_over_floor_p50");
+    j.value(static_cast<double>(rtt.p50_ns) / static_cast<double>(floor.p50_ns));
+    j.key("h2d_copy_gbytes_per_s");
+    j.value(h2d);
+    j.key("throughput");
+    j.begin_array();
+    for (const ThroughputResult& r : tp) {
+      j.begin_object();
+      j.key("handler");
+      j.value(r.handler);
+      j.key("batch");
+      j.value(r.batch);
+      j.key("queues");
+      j.value(r.queues);
+      j.key("request_bytes");
+      j.value(r.message);
+      j.key("reply_bytes");
+      j.value(r.reply);
+      j.key("driver_threads");
+      j.value(r.driver_threads);
+      j.key("seconds");
+      j.value(r.seconds);
+      j.key("replies");
+      j.value(r.replies);
+      j.key("messages_per_s");
+      j.value(r.messages_per_s);
+      j.key("request_gbytes_per_s");
+      j.value(r.request_gbytes_per_s);
+      j.key("fraction_of_h2d_copy");
+      j.value(r.request_gbytes_per_s / h2d);
+      j.end_object();
+    }
+    j.end_array();
+    j.end_object();
+    out << "\n";
+
+    std::ofstream md(md_path);
+    md << "# GPU accelerator over shm: " << gpu->str() << "\n\n";
+    md << "Date " << machine.date_utc << ", commit " << commit << ", CPU " << machine.cpu_model
+       << " (" << machine.online_cpus << " online).\n\n";
+    md << "| round trip, 64 B | p50 | p90 | p99 | p99.9 |\n| --- | --- | --- | --- | --- |\n";
+    auto row = [&](const char* what, const LatencySummary& s) {
+      md << "| " << what << " | " << s.p50_ns / 1e3 << " us | " << s.p90_ns / 1e3 << " us | "
+         << s.p99_ns / 1e3 << " us | " << s.p999_ns / 1e3 << " us |\n";
+    };
+    row("floor: flag ping-pong, process to kernel", floor);
+    row("Caracal: RX ring, echo kernel, TX ring", rtt);
+    md << "\nRound trip over floor at p50: " << static_cast<double>(rtt.p50_ns) / floor.p50_ns
+       << "x. Host-to-device copy bandwidth (pinned, 256 MiB): " << h2d << " GB/s.\n\n";
+    md << "| handler | batch | queues | request B | reply B | driver threads | M msg/s | request "
+          "GB/s | of copy bandwidth |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+    for (const ThroughputResult& r : tp) {
+      md << "| " << r.handler << " | " << r.batch << " | " << r.queues << " | " << r.message
+         << " | " << r.reply << " | " << r.driver_threads << " | " << r.messages_per_s / 1e6
+         << " | " << r.request_gbytes_per_s << " | " << r.request_gbytes_per_s / h2d << " |\n";
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "caracal_gpu_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -445,7 +445,7 @@ int main(int argc, char** argv) {
   std::string commit = "unknown";
   uint32_t samples = 100000;
   double seconds = 1.0;
-  uint32_t max_threads = 12;
+  uint32_t max_threads = 14;
   app.add_option("--json", json_path, "JSON report");
   app.add_option("--markdown", md_path, "markdown table");
   app.add_option("--commit", commit, "the commit measured");
@@ -482,7 +482,7 @@ int main(int argc, char** argv) {
       run(measure_throughput<Echo<8>>("echo", q, 64, 64, seconds, max_threads));
       run(measure_throughput<Echo<32>>("echo", q, 64, 64, seconds, max_threads));
     }
-    for (uint32_t q : {8u, 32u, 128u}) {
+    for (uint32_t q : {8u, 32u, 128u, 256u}) {
       run(measure_throughput<Echo<1>>("echo", q, 1024, 1024, seconds, max_threads));
       run(measure_throughput<Echo<32>>("echo", q, 1024, 1024, seconds, max_threads));
       run(measure_throughput<Sink<1>>("sink", q, 1024, 8, seconds, max_threads));

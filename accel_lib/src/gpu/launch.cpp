@@ -19,16 +19,21 @@ const char* granularity_name(Granularity g) {
   return "?";
 }
 
-Result<LaunchShape> launch_shape(Granularity g, uint32_t server_queues, const GpuOptions& options,
-                                 uint32_t block_threads, uint32_t mailbox_bytes) {
+Result<LaunchShape> launch_shape(Granularity g, uint32_t server_queues, uint32_t client_queues,
+                                 const GpuOptions& options, uint32_t block_threads,
+                                 uint32_t mailbox_bytes) {
   if (server_queues == 0) return invalid_argument("GPU accelerator: the region has no server queue");
   if (block_threads == 0 || block_threads % 32 != 0 || block_threads > 1024) {
     return invalid_argument("GPU accelerator: block_threads is " + std::to_string(block_threads) +
                             "; it must be a multiple of 32 from 32 to 1024");
   }
   LaunchShape s;
-  s.workers = options.workers == 0 || options.workers > server_queues ? server_queues
-                                                                       : options.workers;
+  if (options.workers != 0) {
+    s.workers = options.workers < server_queues ? options.workers : server_queues;
+  } else {
+    s.workers = server_queues;
+    if (client_queues != 0 && client_queues < s.workers) s.workers = client_queues;
+  }
   switch (g) {
     case Granularity::kThread:
       s.threads = s.workers < block_threads ? (s.workers + 31) / 32 * 32 : block_threads;

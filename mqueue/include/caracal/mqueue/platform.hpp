@@ -51,6 +51,17 @@ CARACAL_INLINE void store_relaxed(uint32_t* word, uint32_t value) {
   SystemAtomicRef<uint32_t>(*word).store(value, mo::memory_order_relaxed);
 }
 
+// System-scope release fence: every load and store before it is ordered before every store
+// after it. One fence ahead of several relaxed index stores publishes all of them (see
+// RingProducer::publish_after_fence), where a release store each would fence each.
+CARACAL_INLINE void fence_release() {
+#if defined(__CUDACC__)
+  cuda::atomic_thread_fence(cuda::std::memory_order_release, cuda::thread_scope_system);
+#else
+  std::atomic_thread_fence(std::memory_order_release);
+#endif
+}
+
 // Short pause inside a spin loop. On the GPU, `__nanosleep` keeps an idle poller off the
 // memory system; on the host, the CPU's pause hint.
 CARACAL_INLINE void spin_pause([[maybe_unused]] uint32_t ns_hint = 0) {

@@ -168,6 +168,16 @@ class RingProducer {
     }
   }
 
+  // publish() for a caller that has called fence_release() after writing the entries: a
+  // relaxed store, ordered by that fence (which pairs with RingConsumer::refresh_tail's acquire
+  // like the release store would). Lets one fence publish a TX tail and an RX head together.
+  CARACAL_INLINE void publish_after_fence() {
+    if (tail_ != published_tail_) {
+      store_relaxed(tail_word_, tail_);
+      published_tail_ = tail_;
+    }
+  }
+
   // Re-reads the consumer's head (acquire: its reads of released slots are complete).
   CARACAL_INLINE void refresh_credits() { head_shadow_ = load_acquire(head_word_); }
 
@@ -257,6 +267,16 @@ class RingConsumer {
   CARACAL_INLINE void publish() {
     if (head_ != published_head_) {
       store_release(head_word_, head_);  // pairs with RingProducer::refresh_credits
+      published_head_ = head_;
+    }
+  }
+
+  // publish() for a caller that has called fence_release() after its last read of the
+  // released entries: a relaxed store ordered by that fence (pairs with
+  // RingProducer::refresh_credits's acquire like the release store would).
+  CARACAL_INLINE void publish_after_fence() {
+    if (head_ != published_head_) {
+      store_relaxed(head_word_, head_);
       published_head_ = head_;
     }
   }

@@ -19,6 +19,9 @@
 // cumulative over what the releasing thread has observed that way. Likewise the leader's
 // acquire of an RX tail, then the barrier, orders every thread's reads of that payload after it.
 //
+// Publishing. A burst ends with one system-scope release fence, then relaxed stores of the TX
+// tail and the RX head (RingProducer/RingConsumer::publish_after_fence).
+//
 // Polling and stopping. A worker that finds nothing spins busy_polls rounds, then sleeps with
 // __nanosleep between rounds, doubling up to idle_sleep_max_ns, so an idle service stops
 // reading across PCIe at full rate. The stop word is read every kStopCheckRounds rounds when
@@ -198,8 +201,12 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
     }
   }
   if (leader && n != 0) {
-    qs.tx.publish();  // replies first, then the RX credits they free
-    qs.rx.publish();
+    // One system-scope fence orders the replies' bytes and headers, and the reads of the
+    // requests, before both index stores: a fence across PCIe costs about a microsecond, and
+    // two release stores would pay it twice.
+    mqueue::fence_release();
+    qs.tx.publish_after_fence();
+    qs.rx.publish_after_fence();
     tally.requests += n;
   }
   return n;
@@ -272,8 +279,9 @@ __device__ uint32_t serve_batches(const KernelArgs& a, QueueState& qs, uint32_t 
     if (leader) total += k;
   }
   if (leader && total != 0) {
-    qs.tx.publish();
-    qs.rx.publish();
+    mqueue::fence_release();  // as in serve_queue
+    qs.tx.publish_after_fence();
+    qs.rx.publish_after_fence();
     tally.requests += total;
   }
   return total;
@@ -329,8 +337,10 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
       }
     }
     if (leader) {
-      tally.flush(a.counters[w]);
       ++rounds;
+      // Counters go out when idle or every kStopCheckRounds rounds: writes across PCIe right
+      // before the next publish would make its fence wait for them.
+      if (served == 0 || rounds % kStopCheckRounds == 0) tally.flush(a.counters[w]);
       if (served != 0) {
         idle = 0;
         sleep_ns = 0;
@@ -351,6 +361,7 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
     L::sync();
     if (exit) break;
   }
+  if (leader) tally.flush(a.counters[w]);
 }
 
 }  // namespace detail
@@ -375,8 +386,9 @@ class GpuAccelerator {
     uint32_t block_threads = options_.block_threads;
     if constexpr (requires { H::kBlockThreads; }) block_threads = H::kBlockThreads;
     Result<detail::LaunchShape> shape =
-        detail::launch_shape(granularity_of<H>(), header_.server_queue_count, options_,
-                             block_threads, sizeof(detail::Mailbox));
+        detail::launch_shape(granularity_of<H>(), header_.server_queue_count,
+                             header_.client_queue_count, options_, block_threads,
+                             sizeof(detail::Mailbox));
     if (!shape.ok()) return shape.status();
     shape_ = *shape;
     if (Status s = detail::check_resident(reinterpret_cast<const void*>(&detail::serve_kernel<H>),

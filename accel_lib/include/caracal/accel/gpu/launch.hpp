@@ -33,11 +33,13 @@ struct LaunchShape {
   uint32_t shared_bytes = 0;  // dynamic shared memory per block (the groups' mailboxes)
 };
 
-// Workers (options.workers, at most one per server queue; 0 means one per server queue) laid
-// out for the granularity: a block each, or packed block_threads threads to a block.
+// Workers laid out for the granularity: a block each, or packed block_threads threads to a
+// block. options.workers, at most one per server queue; 0 means one per server queue, but no
+// more than there are client queues when the region has any, so that every worker can call out.
 // `mailbox_bytes` is the size of one group's mailbox in shared memory.
-Result<LaunchShape> launch_shape(Granularity g, uint32_t server_queues, const GpuOptions& options,
-                                 uint32_t block_threads, uint32_t mailbox_bytes);
+Result<LaunchShape> launch_shape(Granularity g, uint32_t server_queues, uint32_t client_queues,
+                                 const GpuOptions& options, uint32_t block_threads,
+                                 uint32_t mailbox_bytes);
 
 // OK when every block of `shape` can be resident on `device` at once. A persistent worker whose
 // block waits for a free multiprocessor would never run, and its queues would never be served.

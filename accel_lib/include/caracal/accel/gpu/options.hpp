@@ -9,7 +9,8 @@ namespace caracal::accel {
 struct GpuOptions {
   // Workers (a thread, a warp or a block each, as the handler's granularity says). Worker w
   // owns server queues q with q % workers == w and client queues c with c % workers == w.
-  // 0: one per server queue. More workers than server queues are not started.
+  // 0: one per server queue, but no more than the region's client queues when it has any (so
+  // every worker can call out). More workers than server queues are not started.
   uint32_t workers = 0;
   // Threads per block: the block of a block-granular handler (unless it declares
   // kBlockThreads), and how many thread- or warp-granular workers share a block.

@@ -7,6 +7,7 @@ results=${2:?results directory}
 cd "$(dirname "$0")/../.."
 mkdir -p "$results"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' A-Z' '-a-z')
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# CARACAL_COMMIT names the commit when the tree is a copy whose .git does not (a device run).
+commit=${CARACAL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 timeout 600 "$build/bench/gpu/caracal_gpu_bench" --commit "$commit" \
   --json "$results/gpu-shm-$gpu.json" --markdown "$results/gpu-shm-$gpu.md"

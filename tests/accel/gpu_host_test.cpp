@@ -19,8 +19,7 @@ TEST(GpuLaunchShape, WorkersFollowTheGranularity) {
   EXPECT_EQ(warp->blocks, 2u);
   EXPECT_EQ(warp->shared_bytes, 4u * 48);
 
-  Result<detail::LaunchShape> thread =
-      detail::launch_shape(Granularity::kThread, 3, 0, o, 128, 48);
+  Result<detail::LaunchShape> thread = detail::launch_shape(Granularity::kThread, 3, 0, o, 128, 48);
   ASSERT_TRUE(thread.ok());
   EXPECT_EQ(thread->threads, 32u);  // a warp holds all three
   EXPECT_EQ(thread->blocks, 1u);

@@ -138,8 +138,8 @@ TEST(AgentConfig, WrongAcceleratorIsRefusedAtItsLine) {
   EXPECT_FALSE(
       resolve_accelerator(AcceleratorSetting{AcceleratorKind::kGpu, 1}, make_backends(Nop{})).ok());
   // Without a check (what the parser alone knows), a well-formed gpu:N passes.
-  EXPECT_EQ(parse_agent_config(config::load_yaml_text(with("accelerator: cpu", "accelerator: gpu:3"),
-                                                      "agent.yaml"))
+  EXPECT_EQ(parse_agent_config(config::load_yaml_text(
+                                   with("accelerator: cpu", "accelerator: gpu:3"), "agent.yaml"))
                 .accelerator.gpu,
             3u);
 }
@@ -166,8 +166,8 @@ TEST(AgentConfig, AutoPicksTheGpuWhenTheAgentHasTheBackendAndTheHostADevice) {
       resolve_accelerator(AcceleratorSetting{AcceleratorKind::kGpu, 1}, gpu_backends(2));
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(second->str(), "gpu:1");
-  Status missing = check_accelerator_available(AcceleratorSetting{AcceleratorKind::kGpu, 2},
-                                               gpu_backends(2));
+  Status missing =
+      check_accelerator_available(AcceleratorSetting{AcceleratorKind::kGpu, 2}, gpu_backends(2));
   EXPECT_FALSE(missing.ok());
   EXPECT_NE(missing.message().find("has 2 CUDA device(s) (gpu:0 to gpu:1)"), std::string::npos)
       << missing.message();

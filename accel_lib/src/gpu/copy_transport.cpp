@@ -12,17 +12,17 @@ Result<CopyEngineTransport> CopyEngineTransport::create(std::byte* device_base, 
   t.device_ = device_base;
   t.bytes_ = bytes;
   void* staging = nullptr;
-  if (Status s = cuda_status(cudaHostAlloc(&staging, bytes, cudaHostAllocDefault),
-                             "copy-engine transport: pinned staging of " + std::to_string(bytes) +
-                                 " bytes");
+  if (Status s = cuda_status(
+          cudaHostAlloc(&staging, bytes, cudaHostAllocDefault),
+          "copy-engine transport: pinned staging of " + std::to_string(bytes) + " bytes");
       !s.ok()) {
     return s;
   }
   t.staging_ = static_cast<std::byte*>(staging);
   void* cells = nullptr;
-  if (Status s = cuda_status(cudaHostAlloc(&cells, kIndexCells * sizeof(uint32_t),
-                                           cudaHostAllocDefault),
-                             "copy-engine transport: pinned index cells");
+  if (Status s =
+          cuda_status(cudaHostAlloc(&cells, kIndexCells * sizeof(uint32_t), cudaHostAllocDefault),
+                      "copy-engine transport: pinned index cells");
       !s.ok()) {
     return s;
   }

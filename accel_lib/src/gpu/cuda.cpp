@@ -35,9 +35,9 @@ template <class Fn>
 Result<Fn> driver_function(const char* symbol, int version) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  if (Status s = cuda_status(cudaGetDriverEntryPointByVersion(symbol, &fn, version,
-                                                               cudaEnableDefault, &found),
-                             std::string("looking up ") + symbol);
+  if (Status s = cuda_status(
+          cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found),
+          std::string("looking up ") + symbol);
       !s.ok()) {
     return s;
   }
@@ -50,7 +50,8 @@ Result<Fn> driver_function(const char* symbol, int version) {
 
 Status driver_status(CUresult r, const std::string& what) {
   if (r == CUDA_SUCCESS) return Status::ok_status();
-  return Status(StatusCode::kUnavailable, what + ": CUresult " + std::to_string(static_cast<int>(r)));
+  return Status(StatusCode::kUnavailable,
+                what + ": CUresult " + std::to_string(static_cast<int>(r)));
 }
 
 }  // namespace
@@ -67,9 +68,9 @@ int device_count() {
 Status use_device(int device) {
   const int n = device_count();
   if (device < 0 || device >= n) {
-    return Status(StatusCode::kUnavailable,
-                  "gpu:" + std::to_string(device) + ": no such device (this host has " +
-                      std::to_string(n) + " CUDA device(s))");
+    return Status(StatusCode::kUnavailable, "gpu:" + std::to_string(device) +
+                                                ": no such device (this host has " +
+                                                std::to_string(n) + " CUDA device(s))");
   }
   return cuda_status(cudaSetDevice(device), "gpu:" + std::to_string(device) + ": cudaSetDevice");
 }
@@ -153,8 +154,8 @@ Result<MappedBuffer> MappedBuffer::allocate(uint64_t bytes, const std::string& w
   b.size_ = bytes;
   std::fill(b.host_, b.host_ + bytes, std::byte{0});
   void* dev = nullptr;
-  if (Status s = cuda_status(cudaHostGetDevicePointer(&dev, host, 0),
-                             what + ": cudaHostGetDevicePointer");
+  if (Status s =
+          cuda_status(cudaHostGetDevicePointer(&dev, host, 0), what + ": cudaHostGetDevicePointer");
       !s.ok()) {
     return s;
   }
@@ -185,9 +186,9 @@ Result<MappedHostRange> MappedHostRange::register_range(std::byte* host, uint64_
                             " bytes at a range that is not page-aligned");
   }
   MappedHostRange r;
-  if (Status s = cuda_status(cudaHostRegister(host, bytes, cudaHostRegisterMapped),
-                             "cudaHostRegister of " + std::to_string(bytes) +
-                                 " bytes of shared memory (mapped)");
+  if (Status s = cuda_status(
+          cudaHostRegister(host, bytes, cudaHostRegisterMapped),
+          "cudaHostRegister of " + std::to_string(bytes) + " bytes of shared memory (mapped)");
       !s.ok()) {
     return s;
   }
@@ -232,8 +233,8 @@ void Stream::reset() {
   stream_ = nullptr;
 }
 
-Status wait_stream(cudaStream_t stream, std::chrono::milliseconds timeout,
-                   const std::string& what, bool* timed_out) {
+Status wait_stream(cudaStream_t stream, std::chrono::milliseconds timeout, const std::string& what,
+                   bool* timed_out) {
   if (timed_out != nullptr) *timed_out = false;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -266,9 +267,9 @@ Result<RdmaCapabilities> query_rdma_capabilities(int device) {
   const std::string who = "gpu:" + std::to_string(device) + ": ";
   RdmaCapabilities caps;
   int rdma = 0;
-  if (Status s = cuda_status(cudaDeviceGetAttribute(&rdma, cudaDevAttrGPUDirectRDMASupported,
-                                                    device),
-                             who + "GPUDirect RDMA support");
+  if (Status s =
+          cuda_status(cudaDeviceGetAttribute(&rdma, cudaDevAttrGPUDirectRDMASupported, device),
+                      who + "GPUDirect RDMA support");
       !s.ok()) {
     return s;
   }
@@ -278,10 +279,10 @@ Result<RdmaCapabilities> query_rdma_capabilities(int device) {
       !s.ok()) {
     return s;
   }
-  if (Status s = cuda_status(cudaDeviceGetAttribute(&caps.flush_options,
-                                                    cudaDevAttrGPUDirectRDMAFlushWritesOptions,
-                                                    device),
-                             who + "GPUDirect RDMA flush options");
+  if (Status s =
+          cuda_status(cudaDeviceGetAttribute(&caps.flush_options,
+                                             cudaDevAttrGPUDirectRDMAFlushWritesOptions, device),
+                      who + "GPUDirect RDMA flush options");
       !s.ok()) {
     return s;
   }
@@ -305,19 +306,22 @@ Status check_rdma_capabilities(const RdmaCapabilities& caps, int device) {
   const std::string who = "gpu:" + std::to_string(device);
   if (!caps.gpudirect_rdma) {
     return Status(StatusCode::kUnavailable,
-                  who + " does not support GPUDirect RDMA, so a NIC cannot write a region in its "
-                        "memory; use transport shm (a region in host memory) on this host");
+                  who +
+                      " does not support GPUDirect RDMA, so a NIC cannot write a region in its "
+                      "memory; use transport shm (a region in host memory) on this host");
   }
   if (!caps.dma_buf) {
     return Status(StatusCode::kUnavailable,
-                  who + " cannot export its memory as a dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_"
-                        "SUPPORTED is 0; it needs the open kernel modules and Linux 5.12 or "
-                        "later), so ibv_reg_dmabuf_mr cannot register a region there");
+                  who +
+                      " cannot export its memory as a dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_"
+                      "SUPPORTED is 0; it needs the open kernel modules and Linux 5.12 or "
+                      "later), so ibv_reg_dmabuf_mr cannot register a region there");
   }
   if (caps.writes_ordering < CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER) {
     return Status(StatusCode::kUnavailable,
-                  who + " does not order remote writes for its own kernels "
-                        "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING is " +
+                  who +
+                      " does not order remote writes for its own kernels "
+                      "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING is " +
                       std::to_string(caps.writes_ordering) +
                       "): a kernel could see a queue index before the message it publishes; "
                       "the rdma transport refuses such a device");
@@ -354,13 +358,13 @@ Result<DeviceRegion> DeviceRegion::create(int device, const mqueue::RegionGeomet
 Result<int> DeviceRegion::export_dma_buf() const {
   Result<PFN_cuMemGetHandleForAddressRange_v11070> get_handle =
       driver_function<PFN_cuMemGetHandleForAddressRange_v11070>("cuMemGetHandleForAddressRange",
-                                                                 11070);
+                                                                11070);
   if (!get_handle.ok()) return get_handle.status();
   int fd = -1;
-  if (Status s = driver_status(
-          (*get_handle)(&fd, reinterpret_cast<CUdeviceptr>(memory_.data()), memory_.size(),
-                        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-          "gpu:" + std::to_string(device_) + ": exporting the region as a dma-buf");
+  if (Status s =
+          driver_status((*get_handle)(&fd, reinterpret_cast<CUdeviceptr>(memory_.data()),
+                                      memory_.size(), CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                        "gpu:" + std::to_string(device_) + ": exporting the region as a dma-buf");
       !s.ok()) {
     return s;
   }

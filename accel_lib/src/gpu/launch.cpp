@@ -22,7 +22,8 @@ const char* granularity_name(Granularity g) {
 Result<LaunchShape> launch_shape(Granularity g, uint32_t server_queues, uint32_t client_queues,
                                  const GpuOptions& options, uint32_t block_threads,
                                  uint32_t mailbox_bytes) {
-  if (server_queues == 0) return invalid_argument("GPU accelerator: the region has no server queue");
+  if (server_queues == 0)
+    return invalid_argument("GPU accelerator: the region has no server queue");
   if (block_threads == 0 || block_threads % 32 != 0 || block_threads > 1024) {
     return invalid_argument("GPU accelerator: block_threads is " + std::to_string(block_threads) +
                             "; it must be a multiple of 32 from 32 to 1024");
@@ -60,10 +61,10 @@ Result<LaunchShape> launch_shape(Granularity g, uint32_t server_queues, uint32_t
 Status check_resident(const void* kernel, const LaunchShape& shape, int device,
                       const std::string& what) {
   int per_sm = 0;
-  if (Status s = cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                 &per_sm, kernel, static_cast<int>(shape.threads),
-                                 shape.shared_bytes),
-                             what + ": occupancy");
+  if (Status s =
+          cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &per_sm, kernel, static_cast<int>(shape.threads), shape.shared_bytes),
+                      what + ": occupancy");
       !s.ok()) {
     return s;
   }
@@ -108,8 +109,9 @@ Result<mqueue::RegionHeader> read_header(const GpuRegion& region) {
   mqueue::RegionHeader h{};
   if (region.host != nullptr) {
     std::memcpy(&h, region.host, sizeof(h));
-  } else if (Status s = cuda_status(cudaMemcpy(&h, region.device, sizeof(h), cudaMemcpyDeviceToHost),
-                                    "reading the header of a device-memory region");
+  } else if (Status s =
+                 cuda_status(cudaMemcpy(&h, region.device, sizeof(h), cudaMemcpyDeviceToHost),
+                             "reading the header of a device-memory region");
              !s.ok()) {
     return s;
   }

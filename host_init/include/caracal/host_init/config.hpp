@@ -29,9 +29,9 @@
 
 #include "caracal/accel/cpu.hpp"
 #include "caracal/accel/gpu/options.hpp"
-#include "caracal/mqueue/status.hpp"
 #include "caracal/config/yaml.hpp"
 #include "caracal/mqueue/layout.hpp"
+#include "caracal/mqueue/status.hpp"
 
 namespace caracal::host {
 

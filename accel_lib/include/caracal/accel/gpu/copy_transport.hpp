@@ -63,9 +63,9 @@ class CopyEngineTransport {
 
   std::byte* device_ = nullptr;
   uint64_t bytes_ = 0;
-  std::byte* staging_ = nullptr;        // pinned host image of the region
-  uint32_t* cells_ = nullptr;           // pinned, kIndexCells index values in flight
-  std::vector<uint64_t> cell_ticket_;   // the publish each cell last carried
+  std::byte* staging_ = nullptr;       // pinned host image of the region
+  uint32_t* cells_ = nullptr;          // pinned, kIndexCells index values in flight
+  std::vector<uint64_t> cell_ticket_;  // the publish each cell last carried
   uint32_t next_cell_ = 0;
   cudaStream_t stream_ = nullptr;
   std::deque<std::pair<uint64_t, cudaEvent_t>> in_flight_;

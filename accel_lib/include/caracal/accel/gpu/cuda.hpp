@@ -132,10 +132,10 @@ class Stream {
 };
 
 // Waits until everything queued on `stream` has finished (OK), the work fails (the error), or
-// `timeout` passes (kUnavailable and *timed_out set; nothing cancelled: a kernel that ignores its stop word keeps
-// running until the process exits, which is what frees the GPU then).
-Status wait_stream(cudaStream_t stream, std::chrono::milliseconds timeout,
-                   const std::string& what, bool* timed_out = nullptr);
+// `timeout` passes (kUnavailable and *timed_out set; nothing cancelled: a kernel that ignores its
+// stop word keeps running until the process exits, which is what frees the GPU then).
+Status wait_stream(cudaStream_t stream, std::chrono::milliseconds timeout, const std::string& what,
+                   bool* timed_out = nullptr);
 
 // The attributes the `rdma` transport relies on for a region in device memory: that the NIC
 // can write it (GPUDirect RDMA), that it can be exported as a dma-buf for ibv_reg_dmabuf_mr,
@@ -144,8 +144,8 @@ Status wait_stream(cudaStream_t stream, std::chrono::milliseconds timeout,
 struct RdmaCapabilities {
   bool gpudirect_rdma = false;
   bool dma_buf = false;
-  int writes_ordering = 0;    // CUGPUDirectRDMAWritesOrdering: 0 none, 100 owner, 200 all
-  int flush_options = 0;      // CUflushGPUDirectRDMAWritesOptions bits
+  int writes_ordering = 0;  // CUGPUDirectRDMAWritesOrdering: 0 none, 100 owner, 200 all
+  int flush_options = 0;    // CUflushGPUDirectRDMAWritesOptions bits
   std::string str() const;
 };
 Result<RdmaCapabilities> query_rdma_capabilities(int device);
@@ -185,8 +185,8 @@ class DeviceRegion {
 // A process other than this one that holds a context on the device.
 struct GpuProcess {
   unsigned pid = 0;
-  std::string name;             // from /proc/PID/comm where visible
-  uint64_t used_memory = 0;     // bytes, as the driver reports (0 when hidden)
+  std::string name;          // from /proc/PID/comm where visible
+  uint64_t used_memory = 0;  // bytes, as the driver reports (0 when hidden)
 };
 // The processes (this one excluded) with a compute context on `device`: a persistent handler
 // time-slices against every one of them, so the agent warns about them. kUnavailable when this

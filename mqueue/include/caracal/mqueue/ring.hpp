@@ -231,28 +231,9 @@ class RingConsumer {
   // The next unread entry, skipping fillers. kEmpty when nothing is published past what was
   // read; kCorrupt when the producer wrote an entry that fails check_entry (`last_check()`
   // says how; the ring stays stopped at that entry).
-  CARACAL_INLINE PollResult next(Entry& out) { return next_entry(out, true); }
-
-  // next() without re-reading the producer's tail: kEmpty once every entry up to the tail last
-  // observed (observed_tail()) has been read. For a consumer that copies the slots up to that
-  // tail somewhere faster before it reads them (the GPU accelerator's RX mirror).
-  CARACAL_INLINE PollResult next_observed(Entry& out) { return next_entry(out, false); }
-
-  // Puts back the entry the last next() returned, so the next call returns it again (for a
-  // consumer that finds it cannot take the entry now, say because its reply ring is full).
-  CARACAL_INLINE void unread() { read_ = last_start_; }
-
-  // Gives back every entry read so far (locally; publish() tells the producer).
-  CARACAL_INLINE void release() {
-    head_ = read_;
-    last_start_ = read_;
-  }
-
- private:
-  CARACAL_INLINE PollResult next_entry(Entry& out, bool refresh) {
+  CARACAL_INLINE PollResult next(Entry& out) {
     for (;;) {
       if (read_ == tail_shadow_) {
-        if (!refresh) return PollResult::kEmpty;
         refresh_tail();
         if (read_ == tail_shadow_) return PollResult::kEmpty;
       }
@@ -272,7 +253,15 @@ class RingConsumer {
     }
   }
 
- public:
+  // Puts back the entry the last next() returned, so the next call returns it again (for a
+  // consumer that finds it cannot take the entry now, say because its reply ring is full).
+  CARACAL_INLINE void unread() { read_ = last_start_; }
+
+  // Gives back every entry read so far (locally; publish() tells the producer).
+  CARACAL_INLINE void release() {
+    head_ = read_;
+    last_start_ = read_;
+  }
 
   // One release store per burst. The caller must be done reading the released entries.
   CARACAL_INLINE void publish() {
@@ -296,7 +285,6 @@ class RingConsumer {
   CARACAL_INLINE void refresh_tail() { tail_shadow_ = load_acquire(tail_word_); }
 
   CARACAL_INLINE uint32_t pending_slots() const { return tail_shadow_ - read_; }
-  CARACAL_INLINE uint32_t observed_tail() const { return tail_shadow_; }
   CARACAL_INLINE EntryCheck last_check() const { return last_check_; }
   CARACAL_INLINE uint32_t head() const { return head_; }
   CARACAL_INLINE uint32_t read_position() const { return read_; }

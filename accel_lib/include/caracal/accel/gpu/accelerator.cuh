@@ -2,9 +2,6 @@
 // kernel that polls the region's queues. A handler source that includes this header is compiled
 // by nvcc (caracal_add_handler does that where CUDA is present).
 //
-// Requests are read from a mirror: each server queue's RX slots are copied into device memory
-// by the whole group, one wide read per burst (fetch_rx), and parsed there.
-//
 // Workers. One worker is a thread, a warp or a block, as the handler's kGranularity says, and
 // owns server queues q with q % workers == w and client queues c with c % workers == w, so
 // every ring side has exactly one owner. The worker's leader (rank 0) alone touches ring state:
@@ -65,10 +62,9 @@ inline constexpr uint32_t kStopCheckRounds = 1024;
 inline constexpr uint32_t kFirstSleepNs = 32;
 
 struct QueueState {
-  mqueue::RingConsumer rx;  // reads its slots from the queue's mirror (see fetch_rx)
+  mqueue::RingConsumer rx;
   mqueue::RingProducer tx;
-  uint32_t mirrored;        // RX slots up to this index are copied into the mirror
-  uint32_t stopped;         // a corrupt RX entry stopped this queue
+  uint32_t stopped;  // a corrupt RX entry stopped this queue
 };
 
 enum : uint32_t { kStepIdle = 0, kStepServe = 1, kStepExit = 2 };
@@ -76,16 +72,13 @@ enum : uint32_t { kStepIdle = 0, kStepServe = 1, kStepExit = 2 };
 // The leader's word to its group before each step.
 struct Mailbox {
   uint32_t step;
-  uint32_t count;        // requests in this batch
-  Request req;           // single-request handlers
-  std::byte* out;        // where the reply goes
-  uint32_t fetch_from;   // RX slots to copy into the mirror: [fetch_from, fetch_to)
-  uint32_t fetch_to;
+  uint32_t count;  // requests in this batch
+  Request req;     // single-request handlers
+  std::byte* out;  // where the reply goes
 };
 
 struct KernelArgs {
   std::byte* region;
-  std::byte* mirror;         // [server queues][ring bytes], device memory: RX slots copied in
   QueueState* queues;        // [server queues], device memory
   ClientChannel* channels;   // [workers][channels_per_worker], device memory
   uint32_t channels_per_worker;
@@ -158,45 +151,6 @@ __device__ inline void overrun_error(Response& resp, Tally& tally) {
   resp.set_error("handler response overran its buffer");
 }
 
-// Brings the RX slots the producer has published since the last fetch into the queue's mirror
-// in device memory, with the whole group reading 16 bytes a thread: one wide read across PCIe
-// per burst, instead of a header read and then a payload read for every request. The leader
-// re-reads the tail (acquire) only once everything mirrored has been read; the barrier orders
-// every thread's slot reads after that acquire, and the copies before the leader's reads of the
-// mirror. Every thread of the group calls it.
-template <class L>
-__device__ void fetch_rx(const KernelArgs& a, QueueState& qs, uint32_t q, Mailbox* box,
-                         bool leader) {
-  if (leader) {
-    if (qs.mirrored == qs.rx.observed_tail() && qs.rx.pending_slots() == 0 && qs.stopped == 0) {
-      qs.rx.refresh_tail();
-    }
-    box->fetch_from = qs.mirrored;
-    box->fetch_to = qs.rx.observed_tail();
-    qs.mirrored = box->fetch_to;
-  }
-  L::sync();
-  const uint32_t from = box->fetch_from;
-  const uint32_t to = box->fetch_to;
-  L::sync();
-  if (from == to) return;
-  const mqueue::RegionHeader& h = *reinterpret_cast<const mqueue::RegionHeader*>(a.region);
-  const uint32_t capacity = h.ring_capacity;
-  const uint64_t slot = h.slot_bytes;
-  const std::byte* ring = a.region + mqueue::rx_ring_offset(h, q);
-  std::byte* mirror = a.mirror + uint64_t{q} * capacity * slot;
-  const Group group(Granularity::kThread, L::rank(), L::size());
-  const uint32_t first = from & (capacity - 1);
-  const uint32_t count = to - from;
-  const uint32_t before_end = count < capacity - first ? count : capacity - first;
-  group_copy(group, mirror + first * slot, ring + first * slot,
-             static_cast<uint32_t>(before_end * slot));
-  if (before_end < count) {
-    group_copy(group, mirror, ring, static_cast<uint32_t>((count - before_end) * slot));
-  }
-  L::sync();
-}
-
 // One worker's share of a queue with a single-request handler: up to `burst` requests, replies
 // written in place in the TX ring, then one publish of TX and one of RX. Every thread of the
 // group calls it; the returned count is meaningful in the leader.
@@ -205,12 +159,11 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
                                 Context& ctx, Mailbox* box, bool leader, Tally& tally) {
   uint32_t n = 0;
   for (;;) {
-    fetch_rx<L>(a, qs, q, box, leader);
     if (leader) {
       box->step = kStepIdle;
       if (n < a.burst && qs.stopped == 0) {
         mqueue::Entry e;
-        const mqueue::PollResult r = qs.rx.next_observed(e);
+        const mqueue::PollResult r = qs.rx.next(e);
         if (r == mqueue::PollResult::kReady) {
           std::byte* out = qs.tx.reserve(a.max_response);
           if (out == nullptr) {
@@ -273,7 +226,6 @@ __device__ uint32_t serve_batches(const KernelArgs& a, QueueState& qs, uint32_t 
   std::byte* staging = a.staging + size_t{w} * kBatch * a.staging_stride;
   uint32_t total = 0;
   for (;;) {
-    fetch_rx<L>(a, qs, q, box, leader);
     if (leader) {
       uint32_t k = 0;
       if (total < a.burst && qs.stopped == 0) {
@@ -285,7 +237,7 @@ __device__ uint32_t serve_batches(const KernelArgs& a, QueueState& qs, uint32_t 
         }
         mqueue::Entry e;
         while (k < kBatch && (k + 2) * per_reply - 1 <= room) {
-          const mqueue::PollResult r = qs.rx.next_observed(e);
+          const mqueue::PollResult r = qs.rx.next(e);
           if (r == mqueue::PollResult::kEmpty) break;
           if (r == mqueue::PollResult::kCorrupt) {
             qs.stopped = 1;
@@ -360,14 +312,8 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
   if (leader) {
     // Ring state starts from the indexes in the region, so a restarted kernel resumes where the
     // last one published.
-    const mqueue::RegionHeader& h = region.header();
-    const uint64_t ring_bytes = uint64_t{h.ring_capacity} * h.slot_bytes;
     for (uint32_t q = w; q < server_queues; q += a.workers) {
-      mqueue::RingConsumer rx(a.mirror + q * ring_bytes, mqueue::ring_geometry(h),
-                              region.index_word(mqueue::IndexArray::kRxTail, q),
-                              region.index_word(mqueue::IndexArray::kRxHead, q));
-      // Nothing is mirrored yet: the first fetch copies from the head on.
-      a.queues[q] = QueueState{rx, region.tx_producer(q), rx.read_position(), 0};
+      a.queues[q] = QueueState{region.rx_consumer(q), region.tx_producer(q), 0};
     }
     for (uint32_t c = w, i = 0; c < client_queues; c += a.workers, ++i) {
       channels[i] = ClientChannel(region, c);
@@ -474,13 +420,6 @@ class GpuAccelerator {
         !s.ok()) {
       return s;
     }
-    if (Status s = alloc(res->mirror,
-                         uint64_t{header_.ring_capacity} * header_.slot_bytes *
-                             header_.server_queue_count,
-                         "GPU RX mirror");
-        !s.ok()) {
-      return s;
-    }
     if constexpr (kBatch > 1) {
       if (Status s = alloc(res->batch, batch_entry * w * kBatch, "GPU batch state"); !s.ok()) {
         return s;
@@ -512,7 +451,6 @@ class GpuAccelerator {
 
     detail::KernelArgs args{};
     args.region = region_.device;
-    args.mirror = res->mirror.data();
     args.queues = reinterpret_cast<detail::QueueState*>(res->queues.data());
     args.channels = reinterpret_cast<ClientChannel*>(res->channels.data());
     args.channels_per_worker = per_worker;

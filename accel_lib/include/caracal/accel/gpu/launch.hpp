@@ -60,7 +60,6 @@ const char* granularity_name(Granularity g);
 // it never does (freeing device memory waits for the kernel, which would hang the caller).
 struct LaunchResources {
   DeviceBuffer queues;
-  DeviceBuffer mirror;  // every server queue's RX slots, copied in by the workers
   DeviceBuffer channels;
   DeviceBuffer batch;
   DeviceBuffer staging;

@@ -427,6 +427,104 @@ TEST(GpuDevice, RdmaAttributesAreReadAndDmaBufExportMatchesThem) {
   std::printf("rdma check: %s\n", check.ok() ? "usable" : check.message().c_str());
 }
 
+// This test binary again, running one test (`filter`) with `env_var`=1 set; its stdin and
+// stdout are pipes. For what must happen in a process of its own: holding a context that
+// another process sees, or a kernel fault that poisons the CUDA context for good.
+struct Child {
+  pid_t pid = 0;
+  int in = -1;   // the child's stdin
+  int out = -1;  // the child's stdout
+
+  static Child spawn(const std::string& filter, const std::string& env_var) {
+    int to_child[2];
+    int from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
+    posix_spawn_file_actions_addclose(&fa, to_child[1]);
+    posix_spawn_file_actions_addclose(&fa, from_child[0]);
+    std::string self(4096, '\0');
+    self.resize(static_cast<size_t>(readlink("/proc/self/exe", self.data(), self.size())));
+    std::string filter_arg = "--gtest_filter=" + filter;
+    char* argv[] = {self.data(), filter_arg.data(), nullptr};
+    std::vector<char*> env;
+    for (char** e = environ; *e != nullptr; ++e)
+      env.push_back(*e);
+    std::string marker = env_var + "=1";
+    env.push_back(marker.data());
+    env.push_back(nullptr);
+    Child c;
+    if (posix_spawn(&c.pid, self.c_str(), &fa, nullptr, argv, env.data()) != 0) {
+      throw std::runtime_error("posix_spawn");
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    close(to_child[0]);
+    close(from_child[1]);
+    c.in = to_child[1];
+    c.out = from_child[0];
+    return c;
+  }
+  // Reads the child's stdout until `needle` shows or it closes.
+  std::string read_until(const std::string& needle) {
+    std::string text;
+    char buf[256];
+    while (text.find(needle) == std::string::npos) {
+      const ssize_t n = read(out, buf, sizeof(buf));
+      if (n <= 0) break;
+      text.append(buf, static_cast<size_t>(n));
+    }
+    return text;
+  }
+  int wait() {
+    if (in >= 0) close(in);
+    in = -1;
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (out >= 0) close(out);
+    out = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+// A handler that faults on requests starting with '!'.
+struct Faulty {
+  __device__ void operator()(const Request& req, Response& resp, Context&) const {
+    if (req.size > 0 && req.data[0] == std::byte{'!'}) __trap();
+    copy_bytes(resp.data, req.data, req.size);
+    resp.size = req.size;
+  }
+};
+
+// Run by the next test in a process of its own: after the fault, health() names the failure
+// and stop() returns instead of hanging.
+TEST(GpuFault, FaultingKernelHelper) {
+  if (std::getenv("CARACAL_FAULT_HELPER") == nullptr) GTEST_SKIP() << "helper for AFaultIsReported";
+  MappedShm shm(multi_slot_geometry(1));
+  GpuAccelerator<Faulty> acc(shm.region(), Faulty{}, {}, 0);
+  ASSERT_TRUE(acc.start().ok());
+  ASSERT_TRUE(shm.driver.push(0, to_bytes("fine"), 1));
+  std::vector<TxEntry> replies;
+  ASSERT_TRUE(shm.driver.collect_replies(1, replies));
+  ASSERT_TRUE(shm.driver.push(0, to_bytes("!boom"), 2));
+  ASSERT_TRUE(wait_until([&] { return !acc.health().ok(); }));
+  std::printf("health: %s\n", acc.health().message().c_str());
+  Status stopped = acc.stop();
+  std::printf("stop: %s\n", stopped.ok() ? "ok" : stopped.message().c_str());
+  std::fflush(stdout);
+}
+
+TEST(GpuFault, AFaultIsReportedAndNothingHangs) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Child child = Child::spawn("GpuFault.FaultingKernelHelper", "CARACAL_FAULT_HELPER");
+  const std::string out = child.read_until("stop: ");
+  const std::string rest = child.read_until("\n");
+  EXPECT_EQ(child.wait(), 0) << out << rest;
+  EXPECT_NE(out.find("health: gpu:0 kernel"), std::string::npos) << out;
+  EXPECT_NE(out.find("failed"), std::string::npos) << out;
+}
+
 // A child that holds a CUDA context until its stdin closes (run by the next test).
 TEST(GpuDevice, HoldContextHelper) {
   const char* fd = std::getenv("CARACAL_HOLD_CONTEXT");
@@ -447,54 +545,20 @@ TEST(GpuDevice, OtherProcessesOnTheGpuAreListed) {
   for (const auto& p : *before)
     EXPECT_NE(p.pid, static_cast<unsigned>(getpid())) << "this process listed as another";
 
-  int to_child[2];
-  int from_child[2];
-  ASSERT_EQ(pipe(to_child), 0);
-  ASSERT_EQ(pipe(from_child), 0);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
-  posix_spawn_file_actions_addclose(&fa, to_child[1]);
-  posix_spawn_file_actions_addclose(&fa, from_child[0]);
-  std::string self(4096, '\0');
-  self.resize(static_cast<size_t>(readlink("/proc/self/exe", self.data(), self.size())));
-  std::string filter = "--gtest_filter=GpuDevice.HoldContextHelper";
-  char* argv[] = {self.data(), filter.data(), nullptr};
-  std::vector<std::string> env_store;
-  std::vector<char*> env;
-  for (char** e = environ; *e != nullptr; ++e)
-    env.push_back(*e);
-  env_store.push_back("CARACAL_HOLD_CONTEXT=1");
-  env.push_back(env_store.back().data());
-  env.push_back(nullptr);
-  pid_t child = 0;
-  ASSERT_EQ(posix_spawn(&child, self.c_str(), &fa, nullptr, argv, env.data()), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  close(to_child[0]);
-  close(from_child[1]);
-  std::string out;
-  char buf[256];
-  while (out.find("ready") == std::string::npos) {
-    const ssize_t n = read(from_child[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
+  Child child = Child::spawn("GpuDevice.HoldContextHelper", "CARACAL_HOLD_CONTEXT");
+  const std::string out = child.read_until("ready");
   bool listed = false;
   if (out.find("ready") != std::string::npos) {
     wait_until([&] {
       Result<std::vector<gpu::GpuProcess>> now = gpu::other_gpu_processes(0);
       if (!now.ok()) return true;
       for (const auto& p : *now) {
-        if (p.pid == static_cast<unsigned>(child)) listed = true;
+        if (p.pid == static_cast<unsigned>(child.pid)) listed = true;
       }
       return listed;
     }, std::chrono::seconds(10));
   }
-  close(to_child[1]);  // the helper returns
-  int status = 0;
-  waitpid(child, &status, 0);
-  close(from_child[0]);
+  child.wait();  // closing its stdin ends the helper
   ASSERT_NE(out.find("ready"), std::string::npos) << "helper output: " << out;
   // In a container the driver may report PIDs of another namespace; then nothing matches.
   if (!listed) GTEST_SKIP() << "the helper's context was not listed under its PID (PID namespace?)";

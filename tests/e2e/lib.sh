@@ -6,6 +6,10 @@
 #
 # CARACAL_E2E_ACCELERATOR picks the agents' accelerator (default cpu; gpu:0 runs the same tests
 # with the handlers as persistent CUDA kernels).
+#
+# CARACAL_E2E_LOAD_PERCENT (environment, default 100) scales the requests per connection of the
+# load runs that only need volume; the sanitizer CI runs set it lower, as they set
+# CARACAL_STRESS_MESSAGES for the stress tests.
 set -euo pipefail
 
 BUILD=${1:?build directory}
@@ -43,6 +47,12 @@ need() {
       exit 77
     fi
   done
+}
+
+# load N: N requests, scaled by CARACAL_E2E_LOAD_PERCENT (at least 1).
+load() {
+  local n=$(($1 * ${CARACAL_E2E_LOAD_PERCENT:-100} / 100))
+  echo $((n > 0 ? n : 1))
 }
 
 fail() {

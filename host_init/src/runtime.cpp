@@ -488,9 +488,9 @@ Status AgentRuntime::Impl::run() {
     spdlog::info("connected to {}", conn->peer());
     Outcome outcome = serve(*conn);
     conn->close();
+    if (outcome.kind == Outcome::kFatal) return outcome.status;
     if (!stop_status.ok()) return stop_status;  // something may still poll a region
     if (outcome.kind == Outcome::kStopped) break;
-    if (outcome.kind == Outcome::kFatal) return outcome.status;
     spdlog::warn(
         "lost the server: {}; accelerators stopped and regions dropped, registering "
         "again with a new epoch",

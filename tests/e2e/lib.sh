@@ -3,6 +3,10 @@
 #
 # Each test script is run by CTest as: test.sh BUILD_DIR SOURCE_DIR. Exit 0 passes, 77 skips
 # (a client tool is missing), anything else fails; on failure the logs are printed.
+#
+# CARACAL_E2E_LOAD_PERCENT (environment, default 100) scales the requests per connection of the
+# load runs that only need volume; the sanitizer CI runs set it lower, as they set
+# CARACAL_STRESS_MESSAGES for the stress tests.
 set -euo pipefail
 
 BUILD=${1:?build directory}
@@ -39,6 +43,12 @@ need() {
       exit 77
     fi
   done
+}
+
+# load N: N requests, scaled by CARACAL_E2E_LOAD_PERCENT (at least 1).
+load() {
+  local n=$(($1 * ${CARACAL_E2E_LOAD_PERCENT:-100} / 100))
+  echo $((n > 0 ? n : 1))
 }
 
 fail() {

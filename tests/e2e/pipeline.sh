@@ -22,10 +22,10 @@ start_agent echo-2 "$ECHO_AGENT" "$SERVICE"
 LP=$(port_of "tcp/127.0.0.1:0")
 LINE=$(port_of "tcp/127.0.0.2:0")
 
-"$CLIENT" --connect "127.0.0.1:$LP" --connections 500 --requests 200 --pipeline 16 \
+"$CLIENT" --connect "127.0.0.1:$LP" --connections 500 --requests "$(load 200)" --pipeline 16 \
   --min-bytes 0 --max-bytes 1024 --framing length_prefixed --seed 1 --timeout-s 120 ||
   fail "length-prefixed pipelined load: client exited $?"
-"$CLIENT" --connect "127.0.0.2:$LINE" --connections 500 --requests 100 --pipeline 8 \
+"$CLIENT" --connect "127.0.0.2:$LINE" --connections 500 --requests "$(load 100)" --pipeline 8 \
   --min-bytes 1 --max-bytes 1000 --framing line --seed 2 --timeout-s 120 ||
   fail "line pipelined load: client exited $?"
 

@@ -26,8 +26,9 @@ cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
 if [ -n "$sanitize" ]; then
   build="build-$sanitize"
   # Sanitizer builds cover host code; the CUDA object and the benchmarks add nothing there.
-  # They are built to run the tests, not to be fast: light optimisation and line tables only
-  # (what sanitizer reports print) compile in about half the time of -O2 -g.
+  # They are built to run the tests, not to be fast: -Og and line tables only (what sanitizer
+  # reports print) compile in half the time of -O2 -g (TSan) or a third (ASan+UBSan), and the
+  # TSan suite runs no slower.
   cmake_args+=(-DCARACAL_SANITIZE="$sanitize" -DCARACAL_WITH_CUDA=OFF -DCARACAL_BUILD_BENCH=OFF
                "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-Og -g1 -DNDEBUG")
 else

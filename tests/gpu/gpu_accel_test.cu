@@ -231,9 +231,8 @@ TEST(GpuClientQueues, HandlersCallOutAndGetTheirReplies) {
   std::vector<std::vector<PendingRequest>> requests(2);
   for (uint32_t q = 0; q < 2; ++q) {
     for (uint32_t i = 0; i < per_queue; ++i) {
-      requests[q].push_back(
-          PendingRequest{to_bytes("q" + std::to_string(q) + "-" + std::to_string(i)),
-                         request_token(q, i)});
+      requests[q].push_back(PendingRequest{
+          to_bytes("q" + std::to_string(q) + "-" + std::to_string(i)), request_token(q, i)});
     }
   }
   // The destination: answers every call with the request upper-cased, echoing its token; an
@@ -549,14 +548,16 @@ TEST(GpuDevice, OtherProcessesOnTheGpuAreListed) {
   const std::string out = child.read_until("ready");
   bool listed = false;
   if (out.find("ready") != std::string::npos) {
-    wait_until([&] {
-      Result<std::vector<gpu::GpuProcess>> now = gpu::other_gpu_processes(0);
-      if (!now.ok()) return true;
-      for (const auto& p : *now) {
-        if (p.pid == static_cast<unsigned>(child.pid)) listed = true;
-      }
-      return listed;
-    }, std::chrono::seconds(10));
+    wait_until(
+        [&] {
+          Result<std::vector<gpu::GpuProcess>> now = gpu::other_gpu_processes(0);
+          if (!now.ok()) return true;
+          for (const auto& p : *now) {
+            if (p.pid == static_cast<unsigned>(child.pid)) listed = true;
+          }
+          return listed;
+        },
+        std::chrono::seconds(10));
   }
   child.wait();  // closing its stdin ends the helper
   ASSERT_NE(out.find("ready"), std::string::npos) << "helper output: " << out;

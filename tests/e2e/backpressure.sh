@@ -63,7 +63,9 @@ coproc REQ { exec nc 127.0.0.1 "$TCP"; }
 # exits (the server closes the connection once it has drained), and the replies
 # still waiting in the pipe must remain readable.
 exec {req_out}<&"${REQ[0]}" {req_in}>&"${REQ[1]}"
-for i in $(seq 100); do echo "request-$i" >&"$req_in"; done
+# All 100 in one write, so that they reach the server together: read in pieces, the first
+# ones congest the frozen agent's queues and the connection stops reading the rest.
+seq -f 'request-%g' 100 >&"$req_in"
 for _ in $(seq 100); do
   [ "$(metric caracal_listener_requests_total)" -ge $((base + 100)) ] && break
   sleep 0.05

@@ -135,9 +135,7 @@ void DeviceBuffer::reset() {
 MappedBuffer& MappedBuffer::operator=(MappedBuffer&& o) noexcept {
   if (this != &o) {
     reset();
-    host_ = std::exchange(o.host_, nullptr);
-    device_ = std::exchange(o.device_, nullptr);
-    size_ = std::exchange(o.size_, 0);
+    m_ = std::exchange(o.m_, {});
   }
   return *this;
 }
@@ -150,31 +148,28 @@ Result<MappedBuffer> MappedBuffer::allocate(uint64_t bytes, const std::string& w
       !s.ok()) {
     return s;
   }
-  b.host_ = static_cast<std::byte*>(host);
-  b.size_ = bytes;
-  std::fill(b.host_, b.host_ + bytes, std::byte{0});
+  b.m_.host = static_cast<std::byte*>(host);
+  b.m_.size = bytes;
+  std::fill(b.m_.host, b.m_.host + bytes, std::byte{0});
   void* dev = nullptr;
   if (Status s =
           cuda_status(cudaHostGetDevicePointer(&dev, host, 0), what + ": cudaHostGetDevicePointer");
       !s.ok()) {
     return s;
   }
-  b.device_ = static_cast<std::byte*>(dev);
+  b.m_.device = static_cast<std::byte*>(dev);
   return b;
 }
 
 void MappedBuffer::reset() {
-  if (host_ != nullptr) cudaFreeHost(host_);
-  host_ = device_ = nullptr;
-  size_ = 0;
+  if (m_.host != nullptr) cudaFreeHost(m_.host);
+  m_ = {};
 }
 
 MappedHostRange& MappedHostRange::operator=(MappedHostRange&& o) noexcept {
   if (this != &o) {
     reset();
-    host_ = std::exchange(o.host_, nullptr);
-    device_ = std::exchange(o.device_, nullptr);
-    size_ = std::exchange(o.size_, 0);
+    m_ = std::exchange(o.m_, {});
   }
   return *this;
 }
@@ -192,22 +187,21 @@ Result<MappedHostRange> MappedHostRange::register_range(std::byte* host, uint64_
       !s.ok()) {
     return s;
   }
-  r.host_ = host;
-  r.size_ = bytes;
+  r.m_.host = host;
+  r.m_.size = bytes;
   void* dev = nullptr;
   if (Status s = cuda_status(cudaHostGetDevicePointer(&dev, host, 0),
                              "cudaHostGetDevicePointer of registered shared memory");
       !s.ok()) {
     return s;  // r's destructor unregisters
   }
-  r.device_ = static_cast<std::byte*>(dev);
+  r.m_.device = static_cast<std::byte*>(dev);
   return r;
 }
 
 void MappedHostRange::reset() {
-  if (host_ != nullptr) cudaHostUnregister(host_);
-  host_ = device_ = nullptr;
-  size_ = 0;
+  if (m_.host != nullptr) cudaHostUnregister(m_.host);
+  m_ = {};
 }
 
 Stream& Stream::operator=(Stream&& o) noexcept {

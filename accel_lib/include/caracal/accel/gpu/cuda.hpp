@@ -60,6 +60,14 @@ class DeviceBuffer {
   uint64_t size_ = 0;
 };
 
+// Host memory and its alias in the device's address space: what MappedBuffer and
+// MappedHostRange own, moved as one.
+struct HostMapping {
+  std::byte* host = nullptr;
+  std::byte* device = nullptr;
+  uint64_t size = 0;
+};
+
 // Pinned host memory mapped into the device's address space: the host reads what kernels write
 // there without a copy.
 class MappedBuffer {
@@ -72,15 +80,13 @@ class MappedBuffer {
   ~MappedBuffer() { reset(); }
   // Zero-filled.
   static Result<MappedBuffer> allocate(uint64_t bytes, const std::string& what);
-  std::byte* host() const { return host_; }
-  std::byte* device() const { return device_; }
-  uint64_t size() const { return size_; }
+  std::byte* host() const { return m_.host; }
+  std::byte* device() const { return m_.device; }
+  uint64_t size() const { return m_.size; }
   void reset();
 
  private:
-  std::byte* host_ = nullptr;
-  std::byte* device_ = nullptr;
-  uint64_t size_ = 0;
+  HostMapping m_;
 };
 
 // Host memory someone else allocated (a shm mapping) registered with CUDA as mapped memory, so
@@ -96,21 +102,16 @@ class MappedHostRange {
   ~MappedHostRange() { reset(); }
   // `host` and `bytes` must be page-aligned (a shm mapping is).
   static Result<MappedHostRange> register_range(std::byte* host, uint64_t bytes);
-  std::byte* host() const { return host_; }
-  std::byte* device() const { return device_; }
-  uint64_t size() const { return size_; }
+  std::byte* host() const { return m_.host; }
+  std::byte* device() const { return m_.device; }
+  uint64_t size() const { return m_.size; }
   void reset();
   // Forgets the range without unregistering it: for a kernel that may still use it, which only
   // the end of the process stops.
-  void leak() {
-    host_ = device_ = nullptr;
-    size_ = 0;
-  }
+  void leak() { m_ = {}; }
 
  private:
-  std::byte* host_ = nullptr;
-  std::byte* device_ = nullptr;
-  uint64_t size_ = 0;
+  HostMapping m_;
 };
 
 // A non-blocking stream: work on it never waits for, nor holds up, the legacy default stream,

@@ -117,6 +117,51 @@ __global__ void flag_responder(uint32_t* ping, uint32_t* pong, uint32_t count) {
   }
 }
 
+// Steps between the floor and a round trip through the rings, each measured on its own so that
+// the round trip's cost can be attributed: a warp of which lane 0 polls `ping` (acquire); then,
+// by `kind`: 0 nothing (the floor again, in a warp); 1 one read of 64 B by four lanes at once;
+// 2 a 16-byte read by lane 0 and then, dependent on it, the 64 B read; 3 the 64 B read and a
+// 64 B write by four lanes; 4 as 3 with one more read of `ping` by lane 0 before the publish.
+// Every kind ends with a system-scope release fence and a relaxed store of `pong`, as a burst of
+// the accelerator does. The host keeps `data` zero, so the values read change nothing.
+__global__ void step_responder(uint32_t* ping, uint32_t* pong, uint4* data, uint32_t count,
+                               int kind) {
+  const uint32_t lane = threadIdx.x;
+  __shared__ uint32_t seen;
+  for (uint32_t i = 1; i <= count; ++i) {
+    if (lane == 0) {
+      uint32_t spins = 0;
+      uint32_t v;
+      while ((v = mqueue::load_acquire(ping)) != i) {
+        if (++spins > (1u << 30)) {
+          v = 0;
+          break;
+        }
+      }
+      seen = v;
+    }
+    __syncwarp();
+    if (seen != i) return;  // the driver is gone
+    uint32_t offset = 0;
+    if (kind == 2) {
+      __shared__ uint32_t header;
+      if (lane == 0) header = data[0].x;
+      __syncwarp();
+      offset = header;  // zero, but the read below depends on it
+    }
+    uint4 v{0, 0, 0, 0};
+    if (kind >= 1 && lane < 4) v = data[1 + offset + lane];
+    if (kind >= 3 && lane < 4) data[8 + lane] = v;
+    uint32_t extra = 0;
+    if (kind == 4 && lane == 0) extra = mqueue::load_acquire(ping) - i;
+    __syncwarp();
+    if (lane == 0) {
+      mqueue::fence_release();
+      mqueue::store_relaxed(pong, i + v.x + extra);
+    }
+  }
+}
+
 // Shared between the bench and its driver child (MAP_SHARED before the fork).
 struct Shared {
   std::atomic<uint32_t> go{0};
@@ -171,7 +216,8 @@ std::string run_pair(Shared* shared, const std::function<void()>& driver,
   return "";
 }
 
-LatencySummary measure_floor(uint32_t count) {
+// kind < 0: the flag responder (the floor); otherwise step_responder of that kind.
+LatencySummary measure_floor(uint32_t count, int kind = -1) {
   Shared* shared = map_shared(count);
   Result<mqueue::ShmMapping> flags = mqueue::ShmMapping::create_memfd("gpu-bench-flags", 4096);
   if (!flags.ok()) throw std::runtime_error(flags.status().message());
@@ -198,9 +244,14 @@ LatencySummary measure_floor(uint32_t count) {
         Result<accel::gpu::Stream> st = accel::gpu::Stream::create("floor");
         if (!st.ok()) return st.status();
         stream = std::move(st).value();
-        flag_responder<<<1, 1, 0, stream.get()>>>(
-            reinterpret_cast<uint32_t*>(range.device()),
-            reinterpret_cast<uint32_t*>(range.device() + 64), count);
+        auto* d_ping = reinterpret_cast<uint32_t*>(range.device());
+        auto* d_pong = reinterpret_cast<uint32_t*>(range.device() + 64);
+        if (kind < 0) {
+          flag_responder<<<1, 1, 0, stream.get()>>>(d_ping, d_pong, count);
+        } else {
+          step_responder<<<1, 32, 0, stream.get()>>>(
+              d_ping, d_pong, reinterpret_cast<uint4*>(range.device() + 1024), count, kind);
+        }
         return accel::gpu::cuda_status(cudaGetLastError(), "flag responder");
       },
       [&] { cudaStreamSynchronize(stream.get()); });
@@ -233,13 +284,12 @@ mqueue::ShmMapping make_region(const RingSetup& r) {
 template <class H>
 struct GpuSide {
   explicit GpuSide(mqueue::ShmMapping& region) : region_(region) {}
-  Status start() {
+  Status start(const accel::GpuOptions& options = {}) {
     Result<accel::gpu::MappedHostRange> r =
         accel::gpu::MappedHostRange::register_range(region_.data(), region_.size());
     if (!r.ok()) return r.status();
     range_ = std::move(r).value();
-    acc_.emplace(accel::gpu::GpuRegion{range_.device(), range_.host()}, H{}, accel::GpuOptions{},
-                 0);
+    acc_.emplace(accel::gpu::GpuRegion{range_.device(), range_.host()}, H{}, options, 0);
     return acc_->start();
   }
   void stop() {
@@ -250,7 +300,8 @@ struct GpuSide {
   std::optional<accel::gpu::GpuAccelerator<H>> acc_;
 };
 
-LatencySummary measure_rtt(uint32_t count, uint32_t message) {
+LatencySummary measure_rtt(uint32_t count, uint32_t message,
+                           const accel::GpuOptions& options = {}) {
   RingSetup setup;
   setup.message = message;
   setup.capacity = 256;
@@ -285,7 +336,7 @@ LatencySummary measure_rtt(uint32_t count, uint32_t message) {
           if (i >= warmup) shared->samples[i - warmup] = t1 - t0;
         }
       },
-      [&] { return gpu.start(); }, [&] { gpu.stop(); });
+      [&] { return gpu.start(options); }, [&] { gpu.stop(); });
   if (!err.empty()) throw std::runtime_error("rtt: " + err);
   std::vector<uint64_t> v(shared->samples, shared->samples + count);
   return summarize(v);
@@ -452,6 +503,8 @@ int main(int argc, char** argv) {
   app.add_option("--samples", samples, "round trips per latency measurement");
   app.add_option("--seconds", seconds, "seconds per throughput point");
   app.add_option("--driver-threads", max_threads, "most SmartNIC-side threads");
+  bool latency_only = false;
+  app.add_flag("--latency-only", latency_only, "only the latency measurements");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -466,6 +519,22 @@ int main(int argc, char** argv) {
     std::printf("floor: p50 %.2f us p99 %.2f us\n", floor.p50_ns / 1e3, floor.p99_ns / 1e3);
     const LatencySummary rtt = measure_rtt(samples, 64);
     std::printf("rtt 64 B: p50 %.2f us p99 %.2f us\n", rtt.p50_ns / 1e3, rtt.p99_ns / 1e3);
+    caracal::accel::GpuOptions single;
+    single.burst = 1;
+    const LatencySummary rtt_single = measure_rtt(samples, 64, single);
+    std::printf("rtt 64 B, burst 1: p50 %.2f us p99 %.2f us\n", rtt_single.p50_ns / 1e3,
+                rtt_single.p99_ns / 1e3);
+    static const char* const kStepNames[] = {
+        "warp polls the flag (floor in a warp)", "+ 64 B read", "+ 16 B read, then 64 B read",
+        "+ 64 B read, 64 B write", "+ 64 B read, 64 B write, flag read again"};
+    std::vector<LatencySummary> steps;
+    for (int k = 0; k < 5; ++k) {
+      steps.push_back(measure_floor(samples, k));
+      std::printf("step %d (%s): p50 %.2f us p99 %.2f us\n", k, kStepNames[k],
+                  steps.back().p50_ns / 1e3, steps.back().p99_ns / 1e3);
+    }
+    std::fflush(stdout);
+    if (latency_only) return 0;
     const double h2d = h2d_bandwidth_gbytes();
     std::printf("host-to-device copy: %.1f GB/s\n", h2d);
 
@@ -513,6 +582,19 @@ int main(int argc, char** argv) {
     write_latency(j, floor);
     j.key("rtt_echo_64B");
     write_latency(j, rtt);
+    j.key("rtt_echo_64B_burst_1");
+    write_latency(j, rtt_single);
+    j.key("steps");
+    j.begin_array();
+    for (size_t k = 0; k < steps.size(); ++k) {
+      j.begin_object();
+      j.key("step");
+      j.value(kStepNames[k]);
+      j.key("latency");
+      write_latency(j, steps[k]);
+      j.end_object();
+    }
+    j.end_array();
     j.key("rtt_over_floor_p50");
     j.value(static_cast<double>(rtt.p50_ns) / static_cast<double>(floor.p50_ns));
     j.key("h2d_copy_gbytes_per_s");
@@ -560,6 +642,9 @@ int main(int argc, char** argv) {
     };
     row("floor: flag ping-pong, process to kernel", floor);
     row("Caracal: RX ring, echo kernel, TX ring", rtt);
+    row("the same, burst 1", rtt_single);
+    for (size_t k = 0; k < steps.size(); ++k)
+      row((std::string("step: ") + kStepNames[k]).c_str(), steps[k]);
     md << "\nRound trip over floor at p50: " << static_cast<double>(rtt.p50_ns) / floor.p50_ns
        << "x. Host-to-device copy bandwidth (pinned, 256 MiB): " << h2d << " GB/s.\n\n";
     md << "| handler | batch | queues | request B | reply B | driver threads | M msg/s | request "

@@ -34,7 +34,8 @@ namespace caracal::accel {
 
 enum class Granularity : uint8_t { kThread = 0, kWarp = 1, kBlock = 2 };
 
-// One request, in place in its RX ring: valid for the duration of the call.
+// One request, in place in its RX ring (or, for a small request on the GPU, in a copy the
+// worker made in shared memory): valid for the duration of the call.
 struct Request {
   const std::byte* data = nullptr;
   uint32_t size = 0;

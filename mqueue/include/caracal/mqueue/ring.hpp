@@ -231,14 +231,24 @@ class RingConsumer {
   // The next unread entry, skipping fillers. kEmpty when nothing is published past what was
   // read; kCorrupt when the producer wrote an entry that fails check_entry (`last_check()`
   // says how; the ring stays stopped at that entry).
-  CARACAL_INLINE PollResult next(Entry& out) {
+  //
+  // The producer's tail is read again only when every entry known so far is read and `refresh`
+  // is set: a consumer across PCIe that has an entry in hand answers it rather than pay a
+  // round trip for the tail first. `image`, when given, is a copy of the first unread slot
+  // (peek()) made after the tail that covers it was read; that slot's header is then taken from
+  // the copy instead of being read again.
+  CARACAL_INLINE PollResult next(Entry& out, bool refresh = true,
+                                 const std::byte* image = nullptr) {
     for (;;) {
       if (read_ == tail_shadow_) {
+        if (!refresh) return PollResult::kEmpty;
         refresh_tail();
         if (read_ == tail_shadow_) return PollResult::kEmpty;
       }
       const uint32_t position = read_ & (geometry_.capacity - 1);
-      const SlotHeader& h = *reinterpret_cast<const SlotHeader*>(slot(position));
+      const SlotHeader& h =
+          *reinterpret_cast<const SlotHeader*>(image != nullptr ? image : slot(position));
+      image = nullptr;  // only the first slot has a copy
       const SlotHeader copy{h.length, h.flags, h.slots, h.token};
       last_check_ = check_entry(copy, position, tail_shadow_ - read_, geometry_);
       if (last_check_ != EntryCheck::kOk) return PollResult::kCorrupt;
@@ -251,6 +261,19 @@ class RingConsumer {
       out.token = copy.token;
       return PollResult::kReady;
     }
+  }
+
+  // The first unread slot and how many published slots follow it before the ring's end (it
+  // included), or nullptr when nothing is published past what was read. Reads the producer's
+  // tail again first if every entry known so far is read. Every published byte from the slot
+  // on may be copied (up to `contiguous` slots) and the copy handed to next().
+  CARACAL_INLINE const std::byte* peek(uint32_t& contiguous) {
+    if (read_ == tail_shadow_) refresh_tail();
+    const uint32_t position = read_ & (geometry_.capacity - 1);
+    const uint32_t published = tail_shadow_ - read_;
+    const uint32_t to_end = geometry_.capacity - position;
+    contiguous = published < to_end ? published : to_end;
+    return contiguous == 0 ? nullptr : slot(position);
   }
 
   // Puts back the entry the last next() returned, so the next call returns it again (for a

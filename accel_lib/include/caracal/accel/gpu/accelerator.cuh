@@ -33,8 +33,8 @@
 #error "caracal/accel/gpu/accelerator.cuh is device code: compile the handler source with nvcc"
 #endif
 
-#include <cuda/atomic>
 #include <cuda_runtime.h>
+#include <cuda/atomic>
 
 #include <atomic>
 #include <chrono>
@@ -69,18 +69,28 @@ struct QueueState {
 
 enum : uint32_t { kStepIdle = 0, kStepServe = 1, kStepExit = 2 };
 
+// How much of the first RX slot of a burst a warp or block copies in one go (header and
+// payload together), so that a small request costs one read across PCIe after the tail rather
+// than two (the header, then the payload the header describes).
+inline constexpr uint32_t kSlotImageBytes = 256;
+
 // The leader's word to its group before each step.
 struct Mailbox {
   uint32_t step;
   uint32_t count;  // requests in this batch
   Request req;     // single-request handlers
   std::byte* out;  // where the reply goes
+  // The first unread RX slot of the burst and how many of its bytes to copy into `image`
+  // (warp- and block-granular workers; 0: nothing published).
+  const std::byte* image_from;
+  uint32_t image_bytes;
+  alignas(16) std::byte image[kSlotImageBytes];
 };
 
 struct KernelArgs {
   std::byte* region;
-  QueueState* queues;        // [server queues], device memory
-  ClientChannel* channels;   // [workers][channels_per_worker], device memory
+  QueueState* queues;       // [server queues], device memory
+  ClientChannel* channels;  // [workers][channels_per_worker], device memory
   uint32_t channels_per_worker;
   WorkerCounters* counters;  // [workers], device alias of mapped host memory
   Request* batch_requests;   // [workers][kBatch] (batched handlers)
@@ -154,24 +164,58 @@ __device__ inline void overrun_error(Response& resp, Tally& tally) {
 // One worker's share of a queue with a single-request handler: up to `burst` requests, replies
 // written in place in the TX ring, then one publish of TX and one of RX. Every thread of the
 // group calls it; the returned count is meaningful in the leader.
+//
+// The tail is read once, at the start of the burst; the burst serves the entries it covers. A
+// warp or block then copies the first slot (kSlotImageBytes at most) with all its lanes at once
+// and the leader parses the entry from that copy, so a request that fits is answered after one
+// read of the tail and one of its slot.
 template <class H, class L>
 __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q, H& handler,
                                 Context& ctx, Mailbox* box, bool leader, Tally& tally) {
+  constexpr bool kImage = granularity_of<H>() != Granularity::kThread;
+  const std::byte* image = nullptr;
+  uint32_t image_bytes = 0;
+  if constexpr (kImage) {
+    if (leader) {
+      uint32_t slots = 0;
+      box->image_from = qs.stopped == 0 ? qs.rx.peek(slots) : nullptr;
+      const uint32_t bytes = slots * qs.rx.geometry().slot_bytes;
+      box->image_bytes = bytes < kSlotImageBytes ? bytes : kSlotImageBytes;
+    }
+    L::sync();
+    image_bytes = box->image_bytes;
+    if (image_bytes == 0) {
+      L::sync();  // everyone has read the mailbox before the leader writes it again
+      return 0;
+    }
+    // Ordered after the leader's acquire of the tail by the barrier (see the top of the file).
+    group_copy(ctx.group(), box->image, box->image_from, image_bytes);
+    L::sync();  // the copy is complete
+    image = box->image;
+  }
   uint32_t n = 0;
   for (;;) {
     if (leader) {
       box->step = kStepIdle;
       if (n < a.burst && qs.stopped == 0) {
         mqueue::Entry e;
-        const mqueue::PollResult r = qs.rx.next(e);
+        const bool first = n == 0;
+        const mqueue::PollResult r = qs.rx.next(e, first && !kImage, first ? image : nullptr);
         if (r == mqueue::PollResult::kReady) {
           std::byte* out = qs.tx.reserve(a.max_response);
           if (out == nullptr) {
             qs.rx.unread();  // no room for the reply: leave the request for a later round
             ++tally.reply_ring_full;
           } else {
+            // The copy serves as the payload when the whole request is in it.
+            const std::byte* payload = e.payload;
+            if (first && image != nullptr &&
+                e.payload == box->image_from + mqueue::kSlotHeaderBytes &&
+                mqueue::kSlotHeaderBytes + e.length <= image_bytes) {
+              payload = image + mqueue::kSlotHeaderBytes;
+            }
             box->step = kStepServe;
-            box->req = Request{e.payload, e.length, q, e.token};
+            box->req = Request{payload, e.length, q, e.token};
             box->out = out;
           }
         } else if (r == mqueue::PollResult::kCorrupt) {
@@ -237,7 +281,8 @@ __device__ uint32_t serve_batches(const KernelArgs& a, QueueState& qs, uint32_t 
         }
         mqueue::Entry e;
         while (k < kBatch && (k + 2) * per_reply - 1 <= room) {
-          const mqueue::PollResult r = qs.rx.next(e);
+          // The tail is read again only for the first request of the burst.
+          const mqueue::PollResult r = qs.rx.next(e, total == 0 && k == 0);
           if (r == mqueue::PollResult::kEmpty) break;
           if (r == mqueue::PollResult::kCorrupt) {
             qs.stopped = 1;
@@ -298,9 +343,8 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
   if (w >= a.workers) return;  // whole warps or blocks past the last worker: nothing to own
   const bool leader = L::rank() == 0;
   Mailbox own{};
-  Mailbox* box = kG == Granularity::kThread
-                     ? &own
-                     : reinterpret_cast<Mailbox*>(mailbox_memory) + L::mailbox();
+  Mailbox* box =
+      kG == Granularity::kThread ? &own : reinterpret_cast<Mailbox*>(mailbox_memory) + L::mailbox();
 
   const mqueue::RegionView region(a.region);
   const uint32_t server_queues = region.server_queue_count();
@@ -385,10 +429,9 @@ class GpuAccelerator {
     header_ = *header;
     uint32_t block_threads = options_.block_threads;
     if constexpr (requires { H::kBlockThreads; }) block_threads = H::kBlockThreads;
-    Result<detail::LaunchShape> shape =
-        detail::launch_shape(granularity_of<H>(), header_.server_queue_count,
-                             header_.client_queue_count, options_, block_threads,
-                             sizeof(detail::Mailbox));
+    Result<detail::LaunchShape> shape = detail::launch_shape(
+        granularity_of<H>(), header_.server_queue_count, header_.client_queue_count, options_,
+        block_threads, sizeof(detail::Mailbox));
     if (!shape.ok()) return shape.status();
     shape_ = *shape;
     if (Status s = detail::check_resident(reinterpret_cast<const void*>(&detail::serve_kernel<H>),
@@ -459,8 +502,8 @@ class GpuAccelerator {
       std::byte* b = res->batch.data();
       args.batch_requests = reinterpret_cast<Request*>(b);
       args.batch_out = reinterpret_cast<std::byte**>(b + sizeof(Request) * w * kBatch);
-      args.batch_sizes = reinterpret_cast<uint32_t*>(
-          b + (sizeof(Request) + sizeof(std::byte*)) * w * kBatch);
+      args.batch_sizes =
+          reinterpret_cast<uint32_t*>(b + (sizeof(Request) + sizeof(std::byte*)) * w * kBatch);
       args.staging = res->staging.data();
     }
     args.staging_stride = stride;
@@ -469,8 +512,8 @@ class GpuAccelerator {
     args.busy_polls = options_.busy_polls;
     args.idle_sleep_max_ns = options_.idle_sleep_max_ns == 0 ? 1 : options_.idle_sleep_max_ns;
     args.max_response = max_response;
-    detail::serve_kernel<H><<<shape_.blocks, shape_.threads, shape_.shared_bytes,
-                              res->stream.get()>>>(args, handler_);
+    detail::serve_kernel<H>
+        <<<shape_.blocks, shape_.threads, shape_.shared_bytes, res->stream.get()>>>(args, handler_);
     if (Status s = cuda_status(cudaGetLastError(), "launching " + summary()); !s.ok()) return s;
     resources_ = std::move(res);
     running_ = true;
@@ -483,8 +526,7 @@ class GpuAccelerator {
   // it would wait for the kernel); it ends with the process.
   Status stop() {
     if (!running_) return Status::ok_status();
-    Status raised =
-        detail::write_stop_word(region_, header_, 1, resources_->control.get());
+    Status raised = detail::write_stop_word(region_, header_, 1, resources_->control.get());
     raised_stop_ = raised.ok();
     bool timed_out = false;
     Status done = raised.ok() ? wait_stream(resources_->stream.get(),

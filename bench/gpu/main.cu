@@ -11,10 +11,10 @@
 //
 // Every reply is checked (token and length); a wrong or missing one ends the run with an error.
 // Writes JSON (and a markdown table) with the GPU, the date and the commit.
-#include <CLI/CLI.hpp>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -576,8 +576,9 @@ int main(int argc, char** argv) {
     j.key("kernel");
     j.value(machine.kernel);
     j.key("transport");
-    j.value("shm: memfd region registered with cudaHostRegister(Mapped); SmartNIC side in a "
-            "separate process that never touches CUDA");
+    j.value(
+        "shm: memfd region registered with cudaHostRegister(Mapped); SmartNIC side in a "
+        "separate process that never touches CUDA");
     j.key("floor_flag_pingpong");
     write_latency(j, floor);
     j.key("rtt_echo_64B");

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/mqueue/platform.hpp"
@@ -194,11 +195,15 @@ class RingProducer {
   }
   CARACAL_INLINE void write_header(uint32_t position, uint32_t length, uint16_t flags,
                                    uint32_t slots, uint64_t token) {
-    SlotHeader* h = reinterpret_cast<SlotHeader*>(slot(position));
-    h->length = length;
-    h->flags = flags;
-    h->slots = static_cast<uint16_t>(slots);
-    h->token = token;
+    const SlotHeader h{length, flags, static_cast<uint16_t>(slots), token};
+#if defined(__CUDA_ARCH__)
+    // One 16-byte store (slots are 64-byte aligned): across PCIe, one write instead of four.
+    uint4 v;
+    memcpy(&v, &h, sizeof(v));
+    *reinterpret_cast<uint4*>(slot(position)) = v;
+#else
+    std::memcpy(slot(position), &h, sizeof(h));
+#endif
   }
 
   std::byte* slots_ = nullptr;

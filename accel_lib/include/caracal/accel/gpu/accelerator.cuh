@@ -374,11 +374,16 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
   for (;;) {
     uint32_t served = 0;
     for (uint32_t q = w; q < server_queues; q += a.workers) {
+      // The leader works on a copy of the ring state in registers and writes it back: in
+      // device memory each of its steps would be a dependent load.
+      QueueState qs;
+      if (leader) qs = a.queues[q];
       if constexpr (batch_of<H>() == 1) {
-        served += serve_queue<H, L>(a, a.queues[q], q, handler, ctx, box, leader, tally);
+        served += serve_queue<H, L>(a, qs, q, handler, ctx, box, leader, tally);
       } else {
-        served += serve_batches<H, L>(a, a.queues[q], q, w, handler, ctx, box, leader, tally);
+        served += serve_batches<H, L>(a, qs, q, w, handler, ctx, box, leader, tally);
       }
+      if (leader) a.queues[q] = qs;
     }
     if (leader) {
       ++rounds;

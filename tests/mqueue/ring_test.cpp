@@ -2,7 +2,9 @@
 // through a RegionView.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <random>
 #include <vector>
@@ -434,6 +436,81 @@ TEST_P(RingTest, ConsumerRereadsTheTailOnlyWhenItHasReadEverything) {
   EXPECT_EQ(c.pending_slots(), 1u);
   c.refresh_tail();
   EXPECT_EQ(c.pending_slots(), 1u);
+}
+
+TEST_P(RingTest, WithoutRefreshTheConsumerStopsAtTheTailItKnows) {
+  LocalRing ring(kSmall, start());
+  RingProducer p = ring.producer();
+  RingConsumer c = ring.consumer();
+  ASSERT_TRUE(push_message(p, {}, 1));
+  p.publish();
+  Entry e;
+  ASSERT_EQ(c.next(e), PollResult::kReady);  // reads the tail
+  ASSERT_TRUE(push_message(p, {}, 2));
+  p.publish();
+  EXPECT_EQ(c.next(e, false), PollResult::kEmpty);  // published, but not known yet
+  ASSERT_EQ(c.next(e, true), PollResult::kReady);
+  EXPECT_EQ(e.token, 2u);
+}
+
+TEST_P(RingTest, PeekGivesTheFirstUnreadSlotAndTheSlotsPublishedUpToTheEnd) {
+  LocalRing ring(kSmall, start());
+  RingProducer p = ring.producer();
+  RingConsumer c = ring.consumer();
+  uint32_t contiguous = 99;
+  EXPECT_EQ(c.peek(contiguous), nullptr);
+  EXPECT_EQ(contiguous, 0u);
+  ASSERT_TRUE(push_message(p, numbered_bytes(kOneSlot + 1, 1), 7));  // two slots
+  ASSERT_TRUE(push_message(p, {}, 8));
+  p.publish();
+  const std::byte* first = c.peek(contiguous);
+  ASSERT_EQ(first, ring.slot(position(start())));
+  const uint32_t to_end = kSmall.capacity - position(start());
+  EXPECT_EQ(contiguous, std::min(3u, to_end));
+}
+
+TEST_P(RingTest, NextTakesTheFirstHeaderFromTheImage) {
+  LocalRing ring(kSmall, start());
+  RingProducer p = ring.producer();
+  RingConsumer c = ring.consumer();
+  ASSERT_TRUE(push_message(p, numbered_bytes(10, 1), 5));
+  ASSERT_TRUE(push_message(p, numbered_bytes(3, 2), 6));
+  p.publish();
+  uint32_t contiguous = 0;
+  const std::byte* first = c.peek(contiguous);
+  ASSERT_NE(first, nullptr);
+  std::vector<std::byte> image(first, first + kSmall.slot_bytes);
+  // The ring's own copy changes after the image was taken: the first entry comes from the image
+  // (token 5), the next one from the ring.
+  SlotHeader changed = ring.header_at(position(start()));
+  changed.token = 99;
+  ring.write_header(position(start()), changed);
+  Entry e;
+  ASSERT_EQ(c.next(e, false, image.data()), PollResult::kReady);
+  EXPECT_EQ(e.token, 5u);
+  EXPECT_EQ(e.length, 10u);
+  EXPECT_EQ(e.payload, first + kSlotHeaderBytes);  // the payload pointer is into the ring
+  ASSERT_EQ(c.next(e, false), PollResult::kReady);
+  EXPECT_EQ(e.token, 6u);
+  EXPECT_EQ(c.next(e, false), PollResult::kEmpty);
+}
+
+TEST_P(RingTest, AnImageOfACorruptHeaderIsRefused) {
+  LocalRing ring(kSmall, start());
+  RingProducer p = ring.producer();
+  RingConsumer c = ring.consumer();
+  ASSERT_TRUE(push_message(p, {}, 1));
+  p.publish();
+  uint32_t contiguous = 0;
+  const std::byte* first = c.peek(contiguous);
+  ASSERT_NE(first, nullptr);
+  std::vector<std::byte> image(first, first + kSmall.slot_bytes);
+  SlotHeader bad{};
+  bad.length = 0;
+  bad.slots = 5;  // more than were published
+  std::memcpy(image.data(), &bad, sizeof(bad));
+  Entry e;
+  EXPECT_EQ(c.next(e, false, image.data()), PollResult::kCorrupt);
 }
 
 TEST_P(RingTest, ConstructorsPickUpIndexesAlreadyInTheRing) {

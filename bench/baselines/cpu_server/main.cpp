@@ -1,0 +1,98 @@
+// caracal_cpu_server: the plain CPU baseline. Kernel sockets through Boost.Asio (UDP, and TCP
+// with the 4-byte big-endian length prefix), N I/O threads, and the handler called inline on
+// the thread that read the request, with the reply sent from there: no queues, no other
+// processor. Serves the same handler types as Caracal's agents (echo, matvec), so the echo
+// handler answers sockperf too.
+//
+//   caracal_cpu_server --handler echo --udp-port 7000 --tcp-port 7001 --threads 2
+//
+// Prints "listening udp PORT tcp PORT" once it serves; SIGINT/SIGTERM stop it, and it then
+// prints what it served.
+#include <CLI/CLI.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <cstdio>
+#include <thread>
+
+#include "caracal/accel/handler.hpp"
+#include "frontend.hpp"
+#include "handlers.hpp"
+
+namespace caracal::bench::baseline {
+namespace {
+
+template <class H>
+int serve(const Frontend::Options& o) {
+  std::atomic<uint32_t> next_worker{0};
+  FrontendStats* stats = nullptr;
+  // Each I/O thread keeps its own handler copy and reply buffer (thread_local: the submit
+  // function runs on whichever thread read the request).
+  auto submit = [&o, &stats, &next_worker](const std::byte* data, uint32_t size, ReplyTo to) {
+    thread_local H handler{};
+    thread_local std::vector<std::byte> out(accel::max_response_of<H>(o.max_message));
+    thread_local const uint32_t worker = next_worker.fetch_add(1, std::memory_order_relaxed);
+    accel::Request req{data, size, 0, 0};
+    accel::Response resp{out.data(), static_cast<uint32_t>(out.size())};
+    accel::Context ctx(accel::Group(accel::granularity_of<H>(), 0, 1), nullptr, 0, worker);
+    if constexpr (accel::batch_of<H>() > 1) {
+      handler(&req, &resp, 1, ctx);
+    } else {
+      handler(req, resp, ctx);
+    }
+    if ((resp.flags & (mqueue::kSlotNoReply | mqueue::kSlotError)) != 0) {
+      ++stats->dropped;
+      return;
+    }
+    send_reply(to, resp.data, resp.size, *stats);
+  };
+  Frontend frontend(o, submit);
+  stats = &frontend.stats();
+  std::printf("listening udp %u tcp %u threads %u\n", frontend.udp_port(), frontend.tcp_port(),
+              o.threads);
+  std::fflush(stdout);
+
+  asio::io_context signals_io;
+  asio::signal_set signals(signals_io, SIGINT, SIGTERM);
+  signals.async_wait([&frontend](boost::system::error_code, int) { frontend.stop(); });
+  std::thread signal_thread([&signals_io] { signals_io.run(); });
+  frontend.run();
+  signals_io.stop();
+  signal_thread.join();
+  std::printf("served requests %lu replies %lu dropped %lu bad_frames %lu\n",
+              static_cast<unsigned long>(stats->requests.load()),
+              static_cast<unsigned long>(stats->replies.load()),
+              static_cast<unsigned long>(stats->dropped.load()),
+              static_cast<unsigned long>(stats->bad_frames.load()));
+  return 0;
+}
+
+}  // namespace
+}  // namespace caracal::bench::baseline
+
+int main(int argc, char** argv) {
+  using namespace caracal::bench::baseline;
+  Frontend::Options o;
+  std::string handler = "echo";
+  CLI::App app{"caracal_cpu_server: handlers inline on Asio I/O threads (baseline)"};
+  app.add_option("--handler", handler, "echo or matvec")
+      ->check(CLI::IsMember({"echo", "matvec"}))
+      ->capture_default_str();
+  app.add_option("--address", o.address, "Address to bind")->capture_default_str();
+  app.add_option("--udp-port", o.udp_port, "UDP port (0: any)")->capture_default_str();
+  app.add_option("--tcp-port", o.tcp_port, "TCP port, length-prefixed (0: any)")
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "I/O threads")
+      ->check(CLI::Range(1u, 256u))
+      ->capture_default_str();
+  app.add_option("--max-message-bytes", o.max_message, "Largest request")
+      ->check(CLI::Range(1u, 1u << 26))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  int rc = 1;
+  try {
+    with_handler(handler, [&]<class H>() { rc = serve<H>(o); });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "caracal_cpu_server: %s\n", e.what());
+    return 1;
+  }
+  return rc;
+}

@@ -1,0 +1,730 @@
+// caracal_loadgen: drives a UDP or TCP request/reply service (Caracal's snic_server, or the
+// baselines under bench/baselines) and measures latency and throughput, checking every reply.
+//
+//   caracal_loadgen --port 7000 --proto udp --handler echo --size 64 --duration 2
+//   caracal_loadgen --port 7001 --proto tcp --handler matvec --sizes 64:1,16384:1
+//       --mode open --rate 50000 --connections 8 --json out.json
+//
+// Framing: UDP, one datagram per message; TCP, a 4-byte big-endian length, then the message
+// (the server's `length_prefixed` framing with prefix_bytes 4, byte_order big).
+//
+// Load: `--connections` N, each with `--window` W places for requests in flight. A TCP
+// connection is one socket whose replies come back in request order; a UDP "connection" is W
+// connected sockets with one request in flight each, so a reply always belongs to its socket's
+// request. Closed loop: a place sends its next request as soon as its reply arrives. Open loop:
+// `--rate` requests per second in total, spread evenly over the connections, each sent at its
+// intended time when a place is free and later (when the W places are all taken) otherwise;
+// latency is measured from the intended time, so queueing in the server or here is counted.
+// Latency is recorded for requests whose send (closed) or intended (open) time lies in the
+// measured window [warm-up, warm-up + duration); throughput is those requests' replies over the
+// window's length.
+//
+// A UDP request unanswered after `--timeout-ms` is lost and its place sends again; a reply
+// that comes after that is counted late. Every reply is verified (workload.hpp); a wrong one is
+// counted and the first few are printed. Exit status: 0 when nothing was wrong and every
+// connection stayed up (with --strict, also nothing lost, late or unanswered and at least one
+// reply measured); 1 otherwise; 2 for a bad command line.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "histogram.hpp"
+#include "json_writer.hpp"
+#include "machine_info.hpp"
+#include "workload.hpp"
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using asio::ip::udp;
+using Clock = std::chrono::steady_clock;
+
+namespace caracal::bench {
+namespace {
+
+struct Options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string proto = "udp";
+  std::string handler = "echo";
+  std::string mode = "closed";
+  uint32_t connections = 1;
+  uint32_t window = 1;
+  double rate = 0;
+  std::string sizes = "64";
+  double warmup_s = 0.5;
+  double duration_s = 2;
+  uint32_t threads = 1;
+  uint32_t timeout_ms = 1000;
+  uint64_t seed = 1;
+  std::string json_path;
+  std::string label;
+  bool strict = false;
+};
+
+struct Counters {
+  uint64_t sent = 0;        // requests sent, whole run
+  uint64_t replies = 0;     // right replies, whole run
+  uint64_t measured = 0;    // right replies of requests in the measured window
+  uint64_t wrong = 0;       // replies that failed verification
+  uint64_t late = 0;        // UDP replies after their request was given up
+  uint64_t lost = 0;        // UDP requests unanswered within the timeout
+  uint64_t unanswered = 0;  // requests still in flight when the run ended
+  uint64_t send_errors = 0;
+  uint64_t connection_errors = 0;
+  uint64_t unsent = 0;  // open loop: intended sends of the window that never went out
+
+  void add(const Counters& o) {
+    sent += o.sent;
+    replies += o.replies;
+    measured += o.measured;
+    wrong += o.wrong;
+    late += o.late;
+    lost += o.lost;
+    unanswered += o.unanswered;
+    send_errors += o.send_errors;
+    connection_errors += o.connection_errors;
+    unsent += o.unsent;
+  }
+};
+
+// Times shared, read-only, by every thread.
+struct Plan {
+  const Options* opt = nullptr;
+  const Workload* workload = nullptr;
+  bool open = false;
+  Clock::time_point start, measure_begin, measure_end;
+  Clock::duration timeout{};
+};
+
+// What one thread measures; merged after the threads are joined.
+struct ThreadState {
+  LatencyHistogram hist;
+  Counters c;
+  std::vector<std::string> errors;  // the first few, with where
+  uint64_t in_flight = 0;
+
+  void error(std::string text) {
+    if (errors.size() < 5) errors.push_back(std::move(text));
+  }
+};
+
+class Runner;
+
+// One connection's places and schedule; the socket side is in the subclasses.
+class Conn {
+ public:
+  Conn(Runner& runner, uint32_t index, uint32_t first_slot_id);
+  virtual ~Conn() = default;
+  void start();
+  virtual void close() = 0;
+
+ protected:
+  struct Place {
+    Workload::Slot w;
+    bool busy = false;
+    bool measured = false;
+    Clock::time_point origin;  // latency is measured from here (intended time in open loop)
+    Clock::time_point sent;    // when it went out (for the UDP timeout)
+  };
+
+  virtual void transmit(uint32_t place) = 0;
+  void issue(uint32_t place, Clock::time_point origin);
+  // The reply of `place`'s request arrived and was right (or `wrong`).
+  void complete(uint32_t place, bool right);
+  // The place's request is given up (lost, or the connection failed).
+  void give_up(uint32_t place);
+  void refill(uint32_t place);
+  void pump();
+  void on_reply(uint32_t place, const std::byte* data, uint32_t size);
+  std::string where() const;
+
+  Runner& runner_;
+  const Plan& plan_;
+  ThreadState& st_;
+  uint32_t index_;
+  std::vector<Place> places_;
+  std::vector<uint32_t> free_;
+  asio::steady_timer pace_;
+  Clock::time_point next_intended_;
+  Clock::duration interval_{};
+  bool pace_armed_ = false;
+  bool closed_ = false;
+};
+
+class Runner {
+ public:
+  Runner(const Plan& plan) : plan(plan), stop_timer(io) {}
+  void run() {
+    for (auto& c : conns)
+      asio::post(io, [c = c.get()] { c->start(); });
+    stop_timer.expires_at(plan.measure_end + plan.timeout);
+    stop_timer.async_wait([this](boost::system::error_code ec) {
+      if (!ec) finish();
+    });
+    io.run();
+  }
+  // Ends the run on this thread: whatever is still in flight is unanswered.
+  void finish() {
+    if (finished) return;
+    finished = true;
+    stop_timer.cancel();
+    st.c.unanswered += st.in_flight;
+    st.in_flight = 0;
+    for (auto& c : conns)
+      c->close();
+  }
+  void maybe_done() {
+    if (st.in_flight == 0 && Clock::now() >= plan.measure_end) finish();
+  }
+
+  const Plan& plan;
+  asio::io_context io;
+  ThreadState st;
+  std::vector<std::unique_ptr<Conn>> conns;
+  asio::steady_timer stop_timer;
+  bool finished = false;
+};
+
+Conn::Conn(Runner& runner, uint32_t index, uint32_t first_slot_id)
+    : runner_(runner), plan_(runner.plan), st_(runner.st), index_(index), pace_(runner.io) {
+  const uint32_t w = plan_.opt->window;
+  for (uint32_t i = 0; i < w; ++i) {
+    Place p;
+    p.w = plan_.workload->make_slot(first_slot_id + i);
+    places_.push_back(std::move(p));
+  }
+  if (plan_.open) {
+    const double per_conn = plan_.opt->rate / plan_.opt->connections;
+    interval_ =
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / per_conn));
+  }
+}
+
+std::string Conn::where() const {
+  return "connection " + std::to_string(index_);
+}
+
+void Conn::start() {
+  if (plan_.open) {
+    // Connections start staggered across one interval, so their sends interleave.
+    next_intended_ = plan_.start + interval_ * index_ / plan_.opt->connections;
+    for (uint32_t i = places_.size(); i > 0; --i)
+      free_.push_back(i - 1);
+    pump();
+  } else {
+    const auto now = Clock::now();
+    for (uint32_t i = 0; i < places_.size(); ++i)
+      issue(i, now);
+  }
+}
+
+void Conn::issue(uint32_t i, Clock::time_point origin) {
+  Place& p = places_[i];
+  plan_.workload->next_request(p.w);
+  p.busy = true;
+  p.origin = origin;
+  p.measured = origin >= plan_.measure_begin && origin < plan_.measure_end;
+  p.sent = Clock::now();
+  ++st_.c.sent;
+  ++st_.in_flight;
+  transmit(i);
+}
+
+void Conn::complete(uint32_t i, bool right) {
+  Place& p = places_[i];
+  const auto now = Clock::now();
+  if (right) {
+    ++st_.c.replies;
+    if (p.measured) {
+      ++st_.c.measured;
+      st_.hist.record(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - p.origin).count()));
+    }
+  }
+  p.busy = false;
+  --st_.in_flight;
+  refill(i);
+}
+
+void Conn::give_up(uint32_t i) {
+  places_[i].busy = false;
+  --st_.in_flight;
+}
+
+void Conn::refill(uint32_t i) {
+  if (closed_) return;
+  const auto now = Clock::now();
+  if (now >= plan_.measure_end) {
+    runner_.maybe_done();
+    return;
+  }
+  if (!plan_.open) {
+    issue(i, now);
+    return;
+  }
+  free_.push_back(i);
+  pump();
+}
+
+void Conn::pump() {
+  if (closed_) return;
+  const auto now = Clock::now();
+  while (!free_.empty() && next_intended_ <= now && next_intended_ < plan_.measure_end) {
+    const uint32_t i = free_.back();
+    free_.pop_back();
+    issue(i, next_intended_);
+    next_intended_ += interval_;
+  }
+  if (next_intended_ >= plan_.measure_end) {
+    runner_.maybe_done();
+    return;
+  }
+  // Wait for the next intended time; with every place taken, a reply calls pump() instead.
+  if (!free_.empty() && !pace_armed_) {
+    pace_armed_ = true;
+    pace_.expires_at(next_intended_);
+    pace_.async_wait([this](boost::system::error_code ec) {
+      pace_armed_ = false;
+      if (!ec) pump();
+    });
+  }
+}
+
+void Conn::on_reply(uint32_t i, const std::byte* data, uint32_t size) {
+  Place& p = places_[i];
+  std::string why;
+  const Verdict v = plan_.workload->verify(p.w, data, size, why);
+  if (!p.busy) {
+    // Its request was given up; a reply now is late (or wrong).
+    if (v == Verdict::kWrong) {
+      ++st_.c.wrong;
+      st_.error(where() + ": " + why);
+    } else {
+      ++st_.c.late;
+    }
+    return;
+  }
+  switch (v) {
+    case Verdict::kOk:
+      complete(i, true);
+      break;
+    case Verdict::kLate:
+      ++st_.c.late;
+      break;
+    case Verdict::kWrong:
+      ++st_.c.wrong;
+      st_.error(where() + ": " + why);
+      complete(i, false);
+      break;
+  }
+}
+
+// TCP: one socket; replies come back in request order.
+class TcpConn final : public Conn {
+ public:
+  TcpConn(Runner& runner, uint32_t index, uint32_t first_slot, const tcp::endpoint& server)
+      : Conn(runner, index, first_slot), socket_(runner.io) {
+    socket_.connect(server);
+    socket_.set_option(tcp::no_delay(true));
+    read_header();
+  }
+  void close() override {
+    closed_ = true;
+    pace_.cancel();
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+ private:
+  void transmit(uint32_t i) override {
+    const auto& bytes = places_[i].w.bytes;
+    const uint32_t n = static_cast<uint32_t>(bytes.size());
+    const uint8_t prefix[4] = {static_cast<uint8_t>(n >> 24), static_cast<uint8_t>(n >> 16),
+                               static_cast<uint8_t>(n >> 8), static_cast<uint8_t>(n)};
+    const auto* raw = reinterpret_cast<const uint8_t*>(bytes.data());
+    pending_.insert(pending_.end(), prefix, prefix + 4);
+    pending_.insert(pending_.end(), raw, raw + n);
+    fifo_.push_back(i);
+    if (!writing_) write();
+  }
+  void write() {
+    writing_ = true;
+    writing_buf_.swap(pending_);
+    pending_.clear();
+    asio::async_write(socket_, asio::buffer(writing_buf_),
+                      [this](boost::system::error_code ec, size_t) {
+                        writing_ = false;
+                        if (ec) return fail("write: " + ec.message());
+                        if (!pending_.empty()) write();
+                      });
+  }
+  void read_header() {
+    asio::async_read(socket_, asio::buffer(header_), [this](boost::system::error_code ec, size_t) {
+      if (ec) return fail("read: " + ec.message());
+      const uint32_t n = (uint32_t{header_[0]} << 24) | (uint32_t{header_[1]} << 16) |
+                         (uint32_t{header_[2]} << 8) | uint32_t{header_[3]};
+      if (n > (64u << 20)) return fail("reply length " + std::to_string(n) + " is not plausible");
+      body_.resize(n);
+      asio::async_read(socket_, asio::buffer(body_), [this](boost::system::error_code ec, size_t) {
+        if (ec) return fail("read: " + ec.message());
+        if (fifo_.empty()) {
+          ++st_.c.wrong;
+          st_.error(where() + ": a reply with no request in flight");
+        } else {
+          const uint32_t i = fifo_.front();
+          fifo_.pop_front();
+          on_reply(i, body_.data(), static_cast<uint32_t>(body_.size()));
+        }
+        if (!closed_) read_header();
+      });
+    });
+  }
+  void fail(const std::string& what) {
+    if (closed_) return;  // the run's end closed it
+    ++st_.c.connection_errors;
+    st_.error(where() + ": " + what);
+    closed_ = true;
+    for (const uint32_t i : fifo_)
+      give_up(i);
+    fifo_.clear();
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    runner_.maybe_done();
+  }
+
+  tcp::socket socket_;
+  std::vector<uint8_t> pending_, writing_buf_;
+  bool writing_ = false;
+  std::deque<uint32_t> fifo_;
+  std::array<uint8_t, 4> header_{};
+  std::vector<std::byte> body_;
+};
+
+// UDP: one connected socket per place.
+class UdpConn final : public Conn {
+ public:
+  UdpConn(Runner& runner, uint32_t index, uint32_t first_slot, const udp::endpoint& server)
+      : Conn(runner, index, first_slot), sweep_(runner.io) {
+    for (uint32_t i = 0; i < places_.size(); ++i) {
+      auto s = std::make_unique<Sock>(runner.io);
+      s->socket.open(server.protocol());
+      s->socket.set_option(asio::socket_base::receive_buffer_size(1 << 20));
+      s->socket.connect(server);
+      s->buf.resize(65536);
+      socks_.push_back(std::move(s));
+      receive(i);
+    }
+    arm_sweep();
+  }
+  void close() override {
+    closed_ = true;
+    pace_.cancel();
+    sweep_.cancel();
+    boost::system::error_code ignored;
+    for (auto& s : socks_)
+      s->socket.close(ignored);
+  }
+
+ private:
+  struct Sock {
+    explicit Sock(asio::io_context& io) : socket(io) {}
+    udp::socket socket;
+    std::vector<std::byte> buf;
+  };
+
+  void transmit(uint32_t i) override {
+    boost::system::error_code ec;
+    socks_[i]->socket.send(asio::buffer(places_[i].w.bytes), 0, ec);
+    if (ec) {
+      ++st_.c.send_errors;
+      st_.error(where() + ": send: " + ec.message());
+    }
+    // A failed send is found by the sweep, like a lost datagram.
+  }
+  void receive(uint32_t i) {
+    Sock& s = *socks_[i];
+    s.socket.async_receive(asio::buffer(s.buf), [this, i](boost::system::error_code ec, size_t n) {
+      if (closed_) return;
+      if (ec) {
+        // ICMP port unreachable reports itself here; keep receiving, the sweep counts the loss.
+        if (ec == asio::error::operation_aborted) return;
+        ++st_.c.send_errors;
+        st_.error(where() + ": receive: " + ec.message());
+      } else {
+        on_reply(i, socks_[i]->buf.data(), static_cast<uint32_t>(n));
+      }
+      if (!closed_) receive(i);
+    });
+  }
+  void arm_sweep() {
+    const auto period = std::max<Clock::duration>(plan_.timeout / 4, std::chrono::milliseconds(1));
+    sweep_.expires_after(period);
+    sweep_.async_wait([this](boost::system::error_code ec) {
+      if (ec || closed_) return;
+      const auto now = Clock::now();
+      for (uint32_t i = 0; i < places_.size(); ++i) {
+        if (places_[i].busy && now - places_[i].sent > plan_.timeout) {
+          ++st_.c.lost;
+          give_up(i);
+          refill(i);
+        }
+      }
+      if (!closed_) arm_sweep();
+    });
+  }
+
+  asio::steady_timer sweep_;
+  std::vector<std::unique_ptr<Sock>> socks_;
+};
+
+void write_latency(JsonWriter& j, const LatencyHistogram& h) {
+  j.begin_object();
+  j.field("samples", h.count());
+  j.field("min_ns", h.min());
+  j.field("p50_ns", h.percentile(50));
+  j.field("p90_ns", h.percentile(90));
+  j.field("p99_ns", h.percentile(99));
+  j.field("p999_ns", h.percentile(99.9));
+  j.field("max_ns", h.max());
+  j.field("mean_ns", h.mean());
+  // The distribution for a CDF plot: [percentile, ns] pairs.
+  j.key("cdf");
+  j.begin_array();
+  static constexpr double kPoints[] = {0,  1,  5,  10, 20, 30,   40,   50,    60,    70, 80,
+                                       90, 95, 97, 98, 99, 99.5, 99.9, 99.95, 99.99, 100};
+  for (const double p : kPoints) {
+    j.begin_array();
+    j.value(p);
+    j.value(p == 0 ? h.min() : h.percentile(p));
+    j.end_array();
+  }
+  j.end_array();
+  j.end_object();
+}
+
+int run(const Options& o) {
+  std::string error;
+  const auto sizes = parse_sizes(o.sizes, error);
+  if (sizes.empty()) {
+    std::cerr << "caracal_loadgen: --sizes: " << error << "\n";
+    return 2;
+  }
+  const HandlerKind kind = o.handler == "echo" ? HandlerKind::kEcho : HandlerKind::kMatVec;
+  error = check_sizes(kind, sizes);
+  if (!error.empty()) {
+    std::cerr << "caracal_loadgen: --sizes: " << error << "\n";
+    return 2;
+  }
+  if (o.mode == "open" && !(o.rate > 0)) {
+    std::cerr << "caracal_loadgen: --mode open needs --rate > 0 (requests per second)\n";
+    return 2;
+  }
+  const Workload workload(kind, sizes, o.seed);
+  const bool use_tcp = o.proto == "tcp";
+  const MachineInfo machine = collect_machine_info();
+
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(o.host, ec);
+  if (ec) {
+    std::cerr << "caracal_loadgen: --host '" << o.host << "' is not an IP address\n";
+    return 2;
+  }
+
+  Plan plan;
+  plan.opt = &o;
+  plan.workload = &workload;
+  plan.open = o.mode == "open";
+  plan.timeout = std::chrono::milliseconds(o.timeout_ms);
+
+  const uint32_t threads = std::min(o.threads, o.connections);
+  std::vector<std::unique_ptr<Runner>> runners;
+  for (uint32_t t = 0; t < threads; ++t)
+    runners.push_back(std::make_unique<Runner>(plan));
+  try {
+    for (uint32_t c = 0; c < o.connections; ++c) {
+      Runner& r = *runners[c % threads];
+      const uint32_t first_slot = c * o.window;
+      if (use_tcp) {
+        r.conns.push_back(
+            std::make_unique<TcpConn>(r, c, first_slot, tcp::endpoint(address, o.port)));
+      } else {
+        r.conns.push_back(
+            std::make_unique<UdpConn>(r, c, first_slot, udp::endpoint(address, o.port)));
+      }
+    }
+  } catch (const boost::system::system_error& e) {
+    std::cerr << "caracal_loadgen: cannot connect to " << o.host << ":" << o.port << " (" << o.proto
+              << "): " << e.what() << "\n";
+    return 1;
+  }
+
+  const auto to_dur = [](double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  };
+  plan.start = Clock::now() + std::chrono::milliseconds(10);
+  plan.measure_begin = plan.start + to_dur(o.warmup_s);
+  plan.measure_end = plan.measure_begin + to_dur(o.duration_s);
+  {
+    std::this_thread::sleep_until(plan.start);
+    std::vector<std::thread> workers;
+    for (auto& r : runners)
+      workers.emplace_back([&r] { r->run(); });
+    for (auto& w : workers)
+      w.join();
+  }
+
+  LatencyHistogram hist;
+  Counters c;
+  std::vector<std::string> errors;
+  for (auto& r : runners) {
+    hist.merge(r->st.hist);
+    c.add(r->st.c);
+    for (auto& e : r->st.errors)
+      errors.push_back(e);
+  }
+  const double throughput = static_cast<double>(c.measured) / o.duration_s;
+
+  std::printf(
+      "%s %s %s sizes=%s conns=%u window=%u%s: %.0f req/s, p50 %.1f us, p99 %.1f us, p99.9 %.1f "
+      "us, max %.1f us; sent %lu, wrong %lu, lost %lu, late %lu, unanswered %lu, send errors "
+      "%lu, connection errors %lu\n",
+      o.proto.c_str(), o.handler.c_str(), o.mode.c_str(), o.sizes.c_str(), o.connections, o.window,
+      plan.open ? (" rate=" + std::to_string(static_cast<uint64_t>(o.rate))).c_str() : "",
+      throughput, hist.percentile(50) / 1e3, hist.percentile(99) / 1e3, hist.percentile(99.9) / 1e3,
+      hist.max() / 1e3, static_cast<unsigned long>(c.sent), static_cast<unsigned long>(c.wrong),
+      static_cast<unsigned long>(c.lost), static_cast<unsigned long>(c.late),
+      static_cast<unsigned long>(c.unanswered), static_cast<unsigned long>(c.send_errors),
+      static_cast<unsigned long>(c.connection_errors));
+  for (const auto& e : errors)
+    std::fprintf(stderr, "caracal_loadgen: %s\n", e.c_str());
+
+  if (!o.json_path.empty()) {
+    std::ofstream out(o.json_path);
+    JsonWriter j(out);
+    j.begin_object();
+    j.field("tool", "caracal_loadgen");
+    j.field("label", o.label);
+    j.key("config");
+    j.begin_object();
+    j.field("host", o.host);
+    j.field("port", uint32_t{o.port});
+    j.field("proto", o.proto);
+    j.field("handler", o.handler);
+    j.field("mode", o.mode);
+    j.field("connections", o.connections);
+    j.field("window", o.window);
+    j.field("rate", o.rate);
+    j.field("sizes", o.sizes);
+    j.field("warmup_s", o.warmup_s);
+    j.field("duration_s", o.duration_s);
+    j.field("threads", threads);
+    j.field("timeout_ms", o.timeout_ms);
+    j.end_object();
+    j.key("machine");
+    j.begin_object();
+    j.field("cpu_model", machine.cpu_model);
+    j.field("online_cpus", machine.online_cpus);
+    j.field("hypervisor", machine.hypervisor);
+    j.field("kernel", machine.kernel);
+    j.field("hostname", machine.hostname);
+    j.field("date_utc", machine.date_utc);
+    j.end_object();
+    j.field("offered_rps", plan.open ? o.rate : 0.0);
+    j.field("throughput_rps", throughput);
+    j.key("latency");
+    write_latency(j, hist);
+    j.key("counts");
+    j.begin_object();
+    j.field("sent", c.sent);
+    j.field("replies", c.replies);
+    j.field("measured", c.measured);
+    j.field("wrong", c.wrong);
+    j.field("lost", c.lost);
+    j.field("late", c.late);
+    j.field("unanswered", c.unanswered);
+    j.field("send_errors", c.send_errors);
+    j.field("connection_errors", c.connection_errors);
+    j.end_object();
+    j.key("errors");
+    j.begin_array();
+    for (const auto& e : errors)
+      j.value(e);
+    j.end_array();
+    j.end_object();
+    out.close();
+    if (!out) {
+      std::cerr << "caracal_loadgen: writing " << o.json_path << " failed\n";
+      return 1;
+    }
+  }
+
+  bool ok = c.wrong == 0 && c.connection_errors == 0;
+  if (o.strict) {
+    ok = ok && c.lost == 0 && c.late == 0 && c.unanswered == 0 && c.send_errors == 0 &&
+         c.measured > 0;
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace caracal::bench
+
+int main(int argc, char** argv) {
+  caracal::bench::Options o;
+  CLI::App app{"caracal_loadgen: UDP/TCP load with latency percentiles and verified replies"};
+  app.add_option("--host", o.host, "Server IP address")->capture_default_str();
+  app.add_option("--port", o.port, "Server port")->required();
+  app.add_option("--proto", o.proto, "udp or tcp (4-byte big-endian length prefix)")
+      ->check(CLI::IsMember({"udp", "tcp"}))
+      ->capture_default_str();
+  app.add_option("--handler", o.handler, "What the service computes: echo or matvec")
+      ->check(CLI::IsMember({"echo", "matvec"}))
+      ->capture_default_str();
+  app.add_option("--mode", o.mode, "closed (window per connection) or open (--rate)")
+      ->check(CLI::IsMember({"closed", "open"}))
+      ->capture_default_str();
+  app.add_option("--connections", o.connections, "Connections")
+      ->check(CLI::Range(1u, 100000u))
+      ->capture_default_str();
+  app.add_option("--window", o.window, "Requests in flight per connection (at most)")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
+  app.add_option("--rate", o.rate, "Open loop: requests per second over all connections");
+  app.add_option("--sizes,--size", o.sizes,
+                 "Message bytes, or a distribution: 64:0.5,1024:0.3,16384:0.2")
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup_s, "Seconds before the measured window")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--duration", o.duration_s, "Seconds measured")
+      ->check(CLI::Range(0.001, 3600.0))
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "Client threads (connections are spread over them)")
+      ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  app.add_option("--timeout-ms", o.timeout_ms, "UDP: a request unanswered this long is lost")
+      ->check(CLI::Range(1u, 600000u))
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the request pool")->capture_default_str();
+  app.add_option("--json", o.json_path, "Write the results as JSON to this file");
+  app.add_option("--label", o.label, "A name for this run, copied into the JSON");
+  app.add_flag("--strict", o.strict,
+               "Also fail on lost, late or unanswered requests, and on no measured reply");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return caracal::bench::run(o);
+  } catch (const std::exception& e) {
+    std::cerr << "caracal_loadgen: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,87 @@
+// What caracal_loadgen sends and how it checks each reply, for the two handlers the
+// benchmarks serve: echo (examples/echo: the reply is the request) and matvec
+// (examples/matvec: the reply is the network's output, checked against the CPU reference).
+//
+// Requests come from a pool made at start (kPoolPerSize distinct requests per size), so checking
+// a matvec reply costs a comparison, not a reference computation. Every request a slot sends is
+// one of them:
+//  - echo: the pool entry with the request's id (slot id << 32 | the slot's sequence number) in
+//    its first 8 bytes and zeros in bytes 8-9, so the echo handler never takes it for a sockperf
+//    message; the reply must be the same bytes. A reply carrying an earlier id of the same slot
+//    is late (a UDP reply after its timeout), not wrong.
+//  - matvec: pool entry (sequence % kPoolPerSize); the reply must match that entry's reference
+//    output to the tolerance of matvec_close. A reply that matches the entry of the slot's
+//    previous request instead is late.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace caracal::bench {
+
+enum class HandlerKind { kEcho, kMatVec };
+
+// One size of a size distribution and its weight.
+struct SizeWeight {
+  uint32_t bytes = 0;
+  double weight = 1;
+};
+
+// Parses "64" or "64:0.5,1024:0.3,16384:0.2" (weights need not sum to 1). Returns what is
+// wrong in `error` and an empty list when the text is not such a list.
+std::vector<SizeWeight> parse_sizes(const std::string& text, std::string& error);
+
+// Empty when every size suits the handler (matvec: a nonzero multiple of 64; echo: at least
+// 10 bytes, room for the id and the two zero bytes), else what is wrong.
+std::string check_sizes(HandlerKind kind, const std::vector<SizeWeight>& sizes);
+
+enum class Verdict { kOk, kLate, kWrong };
+
+class Workload {
+ public:
+  static constexpr uint32_t kPoolPerSize = 16;
+
+  Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed);
+
+  HandlerKind kind() const { return kind_; }
+  uint32_t max_bytes() const { return max_bytes_; }
+
+  // What one slot (one outstanding request's place) keeps about its request in flight.
+  struct Slot {
+    uint32_t slot_id = 0;
+    uint32_t seq = 0;         // the slot's requests so far; the current one's number
+    uint32_t entry = 0;       // pool entry of the current request
+    uint32_t prev_entry = 0;  // and of the one before it
+    bool has_prev = false;
+    std::vector<std::byte> bytes;  // the request as sent
+    std::mt19937_64 rng;
+    std::discrete_distribution<uint32_t> pick;  // the size distribution, the slot's copy
+  };
+
+  Slot make_slot(uint32_t slot_id) const;
+  // Prepares the slot's next request in slot.bytes.
+  void next_request(Slot& slot) const;
+  // Checks a reply against the slot's current request; `why` says what is wrong for kWrong.
+  Verdict verify(const Slot& slot, const std::byte* reply, uint32_t size, std::string& why) const;
+
+ private:
+  struct Entry {
+    std::vector<std::byte> request;
+    std::vector<float> expected;  // matvec only
+  };
+  HandlerKind kind_;
+  std::vector<SizeWeight> sizes_;
+  std::discrete_distribution<uint32_t> pick_;
+  std::vector<std::vector<Entry>> pool_;  // [size index][entry]
+  uint32_t max_bytes_ = 0;
+  uint64_t seed_;
+
+  const Entry& entry_of(uint32_t packed) const {
+    return pool_[packed / kPoolPerSize][packed % kPoolPerSize];
+  }
+};
+
+}  // namespace caracal::bench

@@ -1,0 +1,150 @@
+// What loadgen sends and how it judges replies: size lists, echo replies (right, altered,
+// truncated, late), and matvec replies against the CPU reference.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "matvec.hpp"
+#include "matvec_reference.hpp"
+#include "workload.hpp"
+
+namespace caracal::bench {
+namespace {
+
+TEST(ParseSizes, FixedAndDistribution) {
+  std::string error;
+  auto one = parse_sizes("64", error);
+  ASSERT_EQ(one.size(), 1u) << error;
+  EXPECT_EQ(one[0].bytes, 64u);
+  auto dist = parse_sizes("64:0.5,1024:0.3,16384:2", error);
+  ASSERT_EQ(dist.size(), 3u) << error;
+  EXPECT_EQ(dist[2].bytes, 16384u);
+  EXPECT_DOUBLE_EQ(dist[1].weight, 0.3);
+}
+
+TEST(ParseSizes, BadTextSaysWhat) {
+  std::string error;
+  EXPECT_TRUE(parse_sizes("64,x", error).empty());
+  EXPECT_NE(error.find("'x'"), std::string::npos) << error;
+  EXPECT_TRUE(parse_sizes("64:-1", error).empty());
+  EXPECT_NE(error.find("weight '-1'"), std::string::npos) << error;
+  EXPECT_TRUE(parse_sizes("0", error).empty());
+  EXPECT_TRUE(parse_sizes("", error).empty());
+}
+
+TEST(CheckSizes, MatVecNeedsWholeVectors) {
+  EXPECT_EQ(check_sizes(HandlerKind::kMatVec, {{64, 1}, {16384, 1}}), "");
+  EXPECT_NE(check_sizes(HandlerKind::kMatVec, {{100, 1}}).find("not a multiple of 64"),
+            std::string::npos);
+  EXPECT_NE(check_sizes(HandlerKind::kEcho, {{8, 1}}), "");
+}
+
+TEST(Workload, EchoRepliesAreJudged) {
+  const Workload w(HandlerKind::kEcho, {{64, 1}, {1024, 1}}, 5);
+  Workload::Slot s = w.make_slot(3);
+  w.next_request(s);
+  std::vector<std::byte> first = s.bytes;
+  ASSERT_TRUE(first.size() == 64 || first.size() == 1024);
+  EXPECT_EQ(first[8], std::byte{0});
+  EXPECT_EQ(first[9], std::byte{0});
+  std::string why;
+  EXPECT_EQ(w.verify(s, first.data(), first.size(), why), Verdict::kOk);
+
+  std::vector<std::byte> bad = first;
+  bad[20] ^= std::byte{1};
+  EXPECT_EQ(w.verify(s, bad.data(), bad.size(), why), Verdict::kWrong);
+  EXPECT_NE(why.find("at byte 20"), std::string::npos) << why;
+  EXPECT_EQ(w.verify(s, first.data(), first.size() - 1, why), Verdict::kWrong);
+  EXPECT_NE(why.find("bytes"), std::string::npos) << why;
+
+  // The next request has a new id; the old reply is now late, not right.
+  w.next_request(s);
+  EXPECT_EQ(w.verify(s, first.data(), first.size(), why), Verdict::kLate);
+  EXPECT_EQ(w.verify(s, s.bytes.data(), s.bytes.size(), why), Verdict::kOk);
+  // Another slot's reply is wrong here.
+  Workload::Slot other = w.make_slot(4);
+  w.next_request(other);
+  EXPECT_EQ(w.verify(s, other.bytes.data(), other.bytes.size(), why), Verdict::kWrong);
+}
+
+TEST(Workload, SizeDistributionIsFollowed) {
+  const Workload w(HandlerKind::kEcho, {{64, 3}, {1024, 1}}, 9);
+  Workload::Slot s = w.make_slot(0);
+  int small = 0;
+  for (int i = 0; i < 4000; ++i) {
+    w.next_request(s);
+    small += s.bytes.size() == 64;
+  }
+  EXPECT_GT(small, 2700);
+  EXPECT_LT(small, 3300);
+}
+
+// The handler's answer, computed the way a CPU worker calls it (a group of one thread).
+std::vector<std::byte> run_handler(const std::vector<std::byte>& request, uint32_t group_size,
+                                   uint16_t* flags = nullptr) {
+  std::vector<std::byte> out(request.size() + 64);
+  accel::Response resp{out.data(), static_cast<uint32_t>(out.size())};
+  for (uint32_t rank = 0; rank < group_size; ++rank) {
+    // A warp's threads each take their vectors; run them one after another.
+    accel::Request req{request.data(), static_cast<uint32_t>(request.size())};
+    accel::Context ctx(accel::Group(accel::Granularity::kWarp, rank, group_size), nullptr, 0, 0);
+    examples::MatVec{}(req, resp, ctx);
+  }
+  if (flags != nullptr) *flags = resp.flags;
+  out.resize(resp.size);
+  return out;
+}
+
+TEST(Workload, MatVecRepliesMatchTheReference) {
+  for (const uint32_t size : {64u, 1024u, 16384u}) {
+    const Workload w(HandlerKind::kMatVec, {{size, 1}}, 21);
+    Workload::Slot s = w.make_slot(0);
+    w.next_request(s);
+    std::string why;
+    for (const uint32_t group : {1u, 32u}) {
+      const auto reply = run_handler(s.bytes, group);
+      EXPECT_EQ(w.verify(s, reply.data(), reply.size(), why), Verdict::kOk)
+          << size << " bytes, group " << group << ": " << why;
+    }
+    auto reply = run_handler(s.bytes, 1);
+    float f;
+    std::memcpy(&f, reply.data() + size - 4, 4);
+    f += 0.01f;
+    std::memcpy(reply.data() + size - 4, &f, 4);
+    EXPECT_EQ(w.verify(s, reply.data(), reply.size(), why), Verdict::kWrong);
+    EXPECT_NE(why.find("output " + std::to_string(size / 4 - 1)), std::string::npos) << why;
+    // The reply of the previous request is late.
+    const auto previous = run_handler(s.bytes, 1);
+    w.next_request(s);
+    EXPECT_EQ(w.verify(s, previous.data(), previous.size(), why), Verdict::kLate);
+  }
+}
+
+TEST(MatVec, ReferenceIsNotTrivial) {
+  // Different inputs give different outputs, and outputs are neither zero nor the input.
+  const Workload w(HandlerKind::kMatVec, {{64, 1}}, 2);
+  Workload::Slot s = w.make_slot(0);
+  w.next_request(s);
+  const auto y = examples::matvec_reference(s.bytes.data(), 64);
+  ASSERT_EQ(y.size(), 16u);
+  int nonzero = 0;
+  for (const float v : y)
+    nonzero += v != 0.0f;
+  EXPECT_GT(nonzero, 8);
+  EXPECT_NE(std::memcmp(y.data(), s.bytes.data(), 64), 0);
+}
+
+TEST(MatVec, BadSizesGetAnError) {
+  for (const uint32_t size : {0u, 63u, 100u}) {
+    std::vector<std::byte> request(size);
+    uint16_t flags = 0;
+    const auto reply = run_handler(request, 1, &flags);
+    EXPECT_NE(flags & mqueue::kSlotError, 0) << size;
+    const std::string text(reinterpret_cast<const char*>(reply.data()), reply.size());
+    EXPECT_NE(text.find("multiple of 64"), std::string::npos) << text;
+  }
+}
+
+}  // namespace
+}  // namespace caracal::bench

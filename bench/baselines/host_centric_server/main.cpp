@@ -1,0 +1,248 @@
+// caracal_host_centric_server: the GPU serving design Lynx replaced. Kernel sockets on the
+// host (Boost.Asio, UDP and length-prefixed TCP, N I/O threads); each request's bytes are copied
+// into a pinned batch buffer; a GPU thread takes a batch when it holds --batch requests or its
+// first request has waited --batch-timeout-us, copies it to the GPU in one cudaMemcpy, runs one
+// kernel launch over it (a warp per request for the echo and matvec handlers, as their
+// granularity says), copies the replies back in one cudaMemcpy and sends them (UDP: sendto from
+// the GPU thread; TCP: posted to the connection's I/O thread, which writes them in order).
+// Two batch buffers: the I/O threads fill one while the GPU runs the other; when both are
+// taken, an I/O thread waits (and the kernel's socket buffers take the backlog).
+//
+//   caracal_host_centric_server --handler matvec --udp-port 7000 --tcp-port 7001 --threads 2
+//       --batch 64 --batch-timeout-us 20 --gpu 0
+//
+// Prints "listening udp PORT tcp PORT" once it serves; SIGINT/SIGTERM stop it.
+#include <CLI/CLI.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "caracal/mqueue/layout.hpp"
+#include "frontend.hpp"
+#include "gpu_batch.hpp"
+
+namespace caracal::bench::baseline {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BatchOptions {
+  uint32_t max_batch = 64;
+  std::chrono::microseconds timeout{20};
+  size_t data_bytes = 4 << 20;
+  int device = 0;
+  std::string handler = "echo";
+};
+
+constexpr uint32_t align16(uint32_t n) {
+  return (n + 15) & ~15u;
+}
+
+class Batcher {
+ public:
+  Batcher(const BatchOptions& o, GpuBatchRunner& gpu, FrontendStats& stats)
+      : o_(o), gpu_(gpu), stats_(stats) {}
+
+  // On an I/O thread: copies the request into the filling batch.
+  void submit(const std::byte* data, uint32_t size, ReplyTo to) {
+    const uint32_t in_need = align16(size);
+    const uint32_t capacity = std::max<uint32_t>(align16(size), 256);  // room for an error text
+    std::unique_lock lock(mutex_);
+    // Waits while the filling batch has no room (the GPU thread then takes it soon).
+    io_cv_.wait(lock, [&] { return stopping_ || fits(sets_[filling_], in_need, capacity); });
+    if (stopping_) return;
+    Set& s = sets_[filling_];
+    std::byte* in = gpu_.host_in(filling_);
+    auto* descs = reinterpret_cast<BatchDesc*>(in);
+    std::byte* in_data = in + size_t{o_.max_batch} * sizeof(BatchDesc);
+    std::memcpy(in_data + s.in_used, data, size);
+    descs[s.count] = BatchDesc{static_cast<uint32_t>(s.in_used), size,
+                               static_cast<uint32_t>(s.out_used), capacity};
+    to.same_thread = false;
+    s.to.push_back(std::move(to));
+    if (s.count == 0) s.first = Clock::now();
+    ++s.count;
+    s.in_used += in_need;
+    s.out_used += capacity;
+  }
+
+  // The GPU thread: takes batches until stop().
+  void run() {
+    for (;;) {
+      int set;
+      {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+          if (stopping_) return;
+          Set& s = sets_[filling_];
+          if (s.count > 0 && (s.count >= o_.max_batch || !fits(s, 16, 256) ||
+                              Clock::now() - s.first >= o_.timeout)) {
+            break;
+          }
+          // Spin (yielding): a dedicated thread polls, as Caracal's pollers do.
+          lock.unlock();
+          std::this_thread::yield();
+          lock.lock();
+        }
+        set = filling_;
+        filling_ = 1 - filling_;  // empty: the GPU finished it before this one was taken
+      }
+      io_cv_.notify_all();
+      Set& s = sets_[set];
+      const std::string error = gpu_.run(set, s.count, s.in_used, s.out_used);
+      if (!error.empty()) {
+        std::fprintf(stderr, "caracal_host_centric_server: %s\n", error.c_str());
+        std::exit(1);
+      }
+      const std::byte* out = gpu_.host_out(set);
+      const auto* results = reinterpret_cast<const BatchResult*>(out);
+      const auto* descs = reinterpret_cast<const BatchDesc*>(gpu_.host_in(set));
+      const std::byte* out_data = out + size_t{o_.max_batch} * sizeof(BatchResult);
+      for (uint32_t i = 0; i < s.count; ++i) {
+        if ((results[i].flags & (mqueue::kSlotNoReply | mqueue::kSlotError)) != 0) {
+          ++stats_.dropped;
+          continue;
+        }
+        send_reply(s.to[i], out_data + descs[i].out_offset, results[i].size, stats_);
+      }
+      ++batches_;
+      requests_ += s.count;
+      {
+        std::lock_guard lock(mutex_);
+        s.count = 0;
+        s.in_used = 0;
+        s.out_used = 0;
+        s.to.clear();
+      }
+      io_cv_.notify_all();
+    }
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    io_cv_.notify_all();
+  }
+  uint64_t batches() const { return batches_; }
+  uint64_t requests() const { return requests_; }
+
+ private:
+  struct Set {
+    uint32_t count = 0;
+    size_t in_used = 0;
+    size_t out_used = 0;
+    std::vector<ReplyTo> to;
+    Clock::time_point first;
+  };
+  bool fits(const Set& s, uint32_t in_need, uint32_t capacity) const {
+    return s.count < o_.max_batch && s.in_used + in_need <= o_.data_bytes &&
+           s.out_used + capacity <= o_.data_bytes;
+  }
+
+  const BatchOptions& o_;
+  GpuBatchRunner& gpu_;
+  FrontendStats& stats_;
+  std::mutex mutex_;
+  std::condition_variable io_cv_;
+  Set sets_[2];
+  int filling_ = 0;
+  bool stopping_ = false;
+  uint64_t batches_ = 0;   // GPU thread only
+  uint64_t requests_ = 0;  // GPU thread only
+};
+
+int serve(const Frontend::Options& fo, const BatchOptions& bo) {
+  std::string error;
+  auto gpu = make_gpu_batch_runner(bo.handler, bo.device, bo.max_batch, bo.data_bytes, error);
+  if (gpu == nullptr) {
+    std::fprintf(stderr, "caracal_host_centric_server: GPU %d: %s\n", bo.device, error.c_str());
+    return 1;
+  }
+  Batcher* batcher = nullptr;
+  Frontend frontend(fo, [&batcher](const std::byte* data, uint32_t size, ReplyTo to) {
+    batcher->submit(data, size, std::move(to));
+  });
+  Batcher b(bo, *gpu, frontend.stats());
+  batcher = &b;
+  std::printf("listening udp %u tcp %u threads %u batch %u timeout_us %ld\n", frontend.udp_port(),
+              frontend.tcp_port(), fo.threads, bo.max_batch, static_cast<long>(bo.timeout.count()));
+  std::fflush(stdout);
+
+  std::thread gpu_thread([&b] { b.run(); });
+  asio::io_context signals_io;
+  asio::signal_set signals(signals_io, SIGINT, SIGTERM);
+  signals.async_wait([&](boost::system::error_code, int) {
+    b.stop();
+    frontend.stop();
+  });
+  std::thread signal_thread([&signals_io] { signals_io.run(); });
+  frontend.run();
+  b.stop();
+  gpu_thread.join();
+  signals_io.stop();
+  signal_thread.join();
+  const auto& st = frontend.stats();
+  std::printf(
+      "served requests %lu replies %lu dropped %lu bad_frames %lu batches %lu (mean %.1f)\n",
+      static_cast<unsigned long>(st.requests.load()), static_cast<unsigned long>(st.replies.load()),
+      static_cast<unsigned long>(st.dropped.load()),
+      static_cast<unsigned long>(st.bad_frames.load()), static_cast<unsigned long>(b.batches()),
+      b.batches() == 0 ? 0.0 : static_cast<double>(b.requests()) / b.batches());
+  return 0;
+}
+
+}  // namespace
+}  // namespace caracal::bench::baseline
+
+int main(int argc, char** argv) {
+  using namespace caracal::bench::baseline;
+  Frontend::Options fo;
+  BatchOptions bo;
+  uint32_t timeout_us = 20;
+  uint32_t data_mib = 4;
+  CLI::App app{"caracal_host_centric_server: kernel sockets, batches copied to the GPU (baseline)"};
+  app.add_option("--handler", bo.handler, "echo or matvec")
+      ->check(CLI::IsMember({"echo", "matvec"}))
+      ->capture_default_str();
+  app.add_option("--address", fo.address, "Address to bind")->capture_default_str();
+  app.add_option("--udp-port", fo.udp_port, "UDP port (0: any)")->capture_default_str();
+  app.add_option("--tcp-port", fo.tcp_port, "TCP port, length-prefixed (0: any)")
+      ->capture_default_str();
+  app.add_option("--threads", fo.threads, "I/O threads")
+      ->check(CLI::Range(1u, 256u))
+      ->capture_default_str();
+  app.add_option("--max-message-bytes", fo.max_message, "Largest request")
+      ->check(CLI::Range(1u, 1u << 22))
+      ->capture_default_str();
+  app.add_option("--batch", bo.max_batch, "Most requests per batch")
+      ->check(CLI::Range(1u, 65536u))
+      ->capture_default_str();
+  app.add_option("--batch-timeout-us", timeout_us,
+                 "Longest wait of a batch's first request before the batch goes")
+      ->capture_default_str();
+  app.add_option("--batch-mib", data_mib, "Request bytes (and reply bytes) per batch buffer")
+      ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  app.add_option("--gpu", bo.device, "CUDA device")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  bo.timeout = std::chrono::microseconds(timeout_us);
+  bo.data_bytes = size_t{data_mib} << 20;
+  if (bo.data_bytes < size_t{fo.max_message} + 256) {
+    std::fprintf(stderr,
+                 "caracal_host_centric_server: --batch-mib %u cannot hold one %u-byte "
+                 "request\n",
+                 data_mib, fo.max_message);
+    return 2;
+  }
+  try {
+    return serve(fo, bo);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "caracal_host_centric_server: %s\n", e.what());
+    return 1;
+  }
+}

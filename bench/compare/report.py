@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Gathers a bench/compare/run.sh run into one JSON and markdown tables (stdlib only).
+
+    report.py RESULTS_DIR
+
+Reads RESULTS_DIR/raw/run.json, raw/points.jsonl, the loadgen JSON and sockperf output each
+point names; writes RESULTS_DIR/compare.json and RESULTS_DIR/compare.md.
+"""
+import json
+import os
+import re
+import sys
+
+
+def sockperf_summary(path):
+    """p50/p99/p99.9/max/average latency (us) from sockperf ping-pong output, or None."""
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read()
+    except OSError:
+        return None
+    out = {}
+    m = re.search(r"Summary: Latency is ([0-9.]+) usec", text)
+    if m:
+        out["avg_us"] = float(m.group(1))
+    for key, pct in (("p50_us", "50.000"), ("p90_us", "90.000"), ("p99_us", "99.000"),
+                     ("p999_us", "99.900")):
+        m = re.search(r"percentile " + re.escape(pct) + r" =\s+([0-9.]+)", text)
+        if m:
+            out[key] = float(m.group(1))
+    m = re.search(r"<MAX> observation =\s+([0-9.]+)", text)
+    if m:
+        out["max_us"] = float(m.group(1))
+    m = re.search(r"# dropped messages = (\d+); # duplicated messages = (\d+); "
+                  r"# out-of-order messages = (\d+)", text)
+    if m:
+        out["dropped"], out["duplicated"], out["out_of_order"] = map(int, m.groups())
+    return out or None
+
+
+def load(results):
+    raw = os.path.join(results, "raw")
+    run = json.load(open(os.path.join(raw, "run.json")))
+    points = []
+    for line in open(os.path.join(raw, "points.jsonl")):
+        line = line.strip()
+        if not line:
+            continue
+        p = json.loads(line)
+        if "json" in p:
+            try:
+                lg = json.load(open(os.path.join(raw, p["json"])))
+                p["throughput_rps"] = lg["throughput_rps"]
+                p["offered_rps"] = lg["offered_rps"]
+                p["latency"] = lg["latency"]
+                p["counts"] = lg["counts"]
+                p["errors"] = lg["errors"]
+                p["config"] = lg["config"]
+                p["loadgen_machine"] = lg["machine"]
+            except (OSError, ValueError, KeyError) as e:
+                p["missing"] = f"{p['json']}: {e}"
+        if "sockperf" in p:
+            p["sockperf_latency"] = sockperf_summary(os.path.join(raw, p["sockperf"]))
+        points.append(p)
+    run["points"] = points
+    return run
+
+
+def us(ns):
+    return "-" if ns is None else f"{ns / 1000:.1f}"
+
+
+def find(points, **kw):
+    for p in points:
+        if all(p.get(k) == v for k, v in kw.items()):
+            return p
+    return None
+
+
+def markdown(run):
+    pts = run["points"]
+    servers = run["servers"].split()
+    sizes = [int(s) for s in run["params"]["sizes"].split()]
+    lines = []
+    title = "# Caracal against the baselines"
+    lines.append(title)
+    lines.append("")
+    if run.get("cpu_only"):
+        lines.append("**CPU-only smoke run: no GPU; Caracal's agent on the CPU accelerator. "
+                     "This shows that the script works end to end; the numbers say nothing about "
+                     "Caracal's performance.**")
+        lines.append("")
+    lines.append(f"- date (UTC): {run['date_utc']}, commit {run['commit']}")
+    lines.append(f"- GPU: {run['gpu'] or 'none'}; Caracal accelerator: {run['caracal_accelerator']}")
+    lines.append(f"- CPU: {run['cpu_model']} ({run['online_cpus']} CPUs), {run['kernel']}")
+    p = run["params"]
+    lines.append(f"- {p['duration_s']} s per point after {p['warmup_s']} s warm-up; servers "
+                 f"with {p['server_threads']} I/O threads; saturation = {p['sat_connections']} "
+                 f"connections x window {p['sat_window']} from {p['loadgen_threads']} loadgen "
+                 f"threads; host-centric batches up to {p['batch']} requests or "
+                 f"{p['batch_timeout_us']} us")
+    if run.get("failed_points"):
+        lines.append(f"- **{run['failed_points']} points failed** (see raw/)")
+    lines.append("")
+
+    for handler in ("echo", "matvec"):
+        lines.append(f"## {handler}: latency at low load (1 connection, window 1), us")
+        lines.append("")
+        head = "| proto | size | " + " | ".join(f"{s} p50 | {s} p99 | {s} p99.9" for s in servers) + " |"
+        lines.append(head)
+        lines.append("|" + "---|" * (2 + 3 * len(servers)))
+        for proto in ("udp", "tcp"):
+            for size in sizes:
+                row = [proto, str(size)]
+                for s in servers:
+                    q = find(pts, server=s, handler=handler, proto=proto, size=size, kind="latency")
+                    lat = (q or {}).get("latency") or {}
+                    row += [us(lat.get("p50_ns")), us(lat.get("p99_ns")), us(lat.get("p999_ns"))]
+                lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+        lines.append(f"## {handler}: throughput at saturation (kreq/s, server CPU cores, "
+                     "kreq/s per core)")
+        lines.append("")
+        lines.append("| proto | size | " + " | ".join(f"{s} kreq/s | {s} cores | {s} per core"
+                                                      for s in servers) + " |")
+        lines.append("|" + "---|" * (2 + 3 * len(servers)))
+        for proto in ("udp", "tcp"):
+            for size in sizes:
+                row = [proto, str(size)]
+                for s in servers:
+                    q = find(pts, server=s, handler=handler, proto=proto, size=size,
+                             kind="saturation")
+                    if not q or "throughput_rps" not in q:
+                        row += ["-", "-", "-"]
+                        continue
+                    k = q["throughput_rps"] / 1000
+                    c = q.get("cpu_cores") or 0
+                    bad = q["counts"]["wrong"] + q["counts"]["connection_errors"]
+                    mark = " (errors)" if bad else ""
+                    row += [f"{k:.1f}{mark}", f"{c:.2f}", f"{k / c:.1f}" if c > 0 else "-"]
+                lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+
+    opens = [q for q in pts if str(q.get("kind", "")).startswith("open-") and "latency" in q]
+    if opens:
+        lines.append("## Latency against offered load (open loop)")
+        lines.append("")
+        lines.append("| server | handler | proto | size | offered kreq/s | achieved kreq/s | "
+                     "p50 us | p99 us | lost |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for q in opens:
+            lines.append(f"| {q['server']} | {q['handler']} | {q['proto']} | {q['size']} | "
+                         f"{q['offered_rps'] / 1000:.1f} | {q['throughput_rps'] / 1000:.1f} | "
+                         f"{us(q['latency']['p50_ns'])} | {us(q['latency']['p99_ns'])} | "
+                         f"{q['counts']['lost']} |")
+        lines.append("")
+
+    sp = [q for q in pts if q.get("kind") == "sockperf"]
+    if sp:
+        lines.append("## sockperf ping-pong (UDP, echo): the unmodified client, us")
+        lines.append("")
+        lines.append("| server | size | avg | p50 | p99 | p99.9 | dropped |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for q in sp:
+            s = q.get("sockperf_latency") or {}
+            f = lambda k: f"{s[k]:.1f}" if k in s else "-"
+            lines.append(f"| {q['server']} | {q['size']} | {f('avg_us')} | {f('p50_us')} | "
+                         f"{f('p99_us')} | {f('p999_us')} | {s.get('dropped', '-')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: report.py RESULTS_DIR")
+    results = sys.argv[1]
+    run = load(results)
+    with open(os.path.join(results, "compare.json"), "w") as f:
+        json.dump(run, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(results, "compare.md"), "w") as f:
+        f.write(markdown(run))
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

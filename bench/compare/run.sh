@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# Caracal against the baselines, side by side, in one run:
+#
+#   bench/compare/run.sh BUILD_DIR RESULTS_DIR [--cpu-only]
+#
+# Servers (each serving one handler at a time, UDP and length-prefixed TCP on loopback):
+#   caracal       snic_server (io_threads = $THREADS) + the handler's agent on $CARACAL_ACCEL
+#                 (gpu:0; cpu with --cpu-only) over the shm transport
+#   host_centric  caracal_host_centric_server: $THREADS I/O threads, batches of up to $BATCH
+#                 requests or $BATCH_TIMEOUT_US us, one copy / launch / copy back per batch
+#                 (left out with --cpu-only, or when the build has no CUDA)
+#   cpu           caracal_cpu_server: the handler inline on $THREADS I/O threads
+# Handlers: echo and matvec (examples/). Sizes: $SIZES. For each server, handler, size and
+# protocol:
+#   latency     closed loop, 1 connection, window 1
+#   saturation  closed loop, $SAT_CONNECTIONS connections x window $SAT_WINDOW
+#   load steps  open loop at $OPEN_FRACTIONS of the saturation throughput (sizes $OPEN_SIZES)
+# plus sockperf ping-pong (UDP) against each server's echo, for every size. CPU cores used by
+# each server's processes (utime + stime from /proc/PID/stat over each run's wall time; for
+# Caracal, snic_server and the agent together) are recorded with every point.
+#
+# Everything is verified by caracal_loadgen as it runs (a wrong reply is an error in the JSON).
+# Results: RESULTS_DIR/raw/ (every loadgen JSON, sockperf output, server logs),
+# RESULTS_DIR/compare.json (all of it, with the machine, GPU, date and $CARACAL_COMMIT) and
+# RESULTS_DIR/compare.md (the tables). Plots are a separate step: bench/compare/plot.py.
+#
+# Knobs (environment): DURATION (s per point, 2), WARMUP (s, 0.5), THREADS (4), SIZES
+# ("64 1024 16384"), LOADGEN_THREADS (4), SAT_CONNECTIONS (8), SAT_WINDOW (16), OPEN_SIZES
+# ("1024"), OPEN_FRACTIONS ("0.25 0.5 0.75 0.9 1.1"), BATCH (64), BATCH_TIMEOUT_US (20),
+# CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), SOCKPERF (path; else PATH, else build-debs/*.deb).
+# With the defaults a full run takes about 7 minutes.
+set -uo pipefail
+
+BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR RESULTS_DIR [--cpu-only]}")
+RESULTS=${2:?usage: run.sh BUILD_DIR RESULTS_DIR [--cpu-only]}
+CPU_ONLY=0
+[ "${3:-}" = "--cpu-only" ] && CPU_ONLY=1
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$RESULTS/raw"
+RESULTS=$(realpath "$RESULTS")
+RAW="$RESULTS/raw"
+
+DURATION=${DURATION:-2}
+WARMUP=${WARMUP:-0.5}
+THREADS=${THREADS:-4}
+SIZES=${SIZES:-"64 1024 16384"}
+LOADGEN_THREADS=${LOADGEN_THREADS:-4}
+SAT_CONNECTIONS=${SAT_CONNECTIONS:-8}
+SAT_WINDOW=${SAT_WINDOW:-16}
+OPEN_SIZES=${OPEN_SIZES:-"1024"}
+OPEN_FRACTIONS=${OPEN_FRACTIONS:-"0.25 0.5 0.75 0.9 1.1"}
+BATCH=${BATCH:-64}
+BATCH_TIMEOUT_US=${BATCH_TIMEOUT_US:-20}
+AGENT_QUEUES=${AGENT_QUEUES:-8}
+MAX_MESSAGE=16384
+if [ "$CPU_ONLY" -eq 1 ]; then
+  CARACAL_ACCEL=${CARACAL_ACCEL:-cpu}
+else
+  CARACAL_ACCEL=${CARACAL_ACCEL:-gpu:0}
+fi
+
+LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
+CPU_SERVER="$BUILD/bench/baselines/caracal_cpu_server"
+HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
+SNIC="$BUILD/snic_server/snic_server"
+declare -A AGENT=([echo]="$BUILD/examples/echo/caracal_echo_agent"
+                  [matvec]="$BUILD/examples/matvec/caracal_matvec_agent")
+for bin in "$LOADGEN" "$CPU_SERVER" "$SNIC" "${AGENT[echo]}" "${AGENT[matvec]}"; do
+  [ -x "$bin" ] || { echo "run.sh: $bin is missing (build the benchmarks first)" >&2; exit 2; }
+done
+SERVERS="caracal cpu"
+if [ "$CPU_ONLY" -eq 0 ]; then
+  if [ -x "$HC_SERVER" ]; then
+    SERVERS="caracal host_centric cpu"
+  else
+    echo "run.sh: $HC_SERVER is missing (a build without CUDA); the host-centric server is left out" >&2
+  fi
+fi
+
+# sockperf: given, on PATH, or unpacked from build-debs/ (machines without it installed).
+if [ -z "${SOCKPERF:-}" ]; then
+  if command -v sockperf >/dev/null 2>&1; then
+    SOCKPERF=$(command -v sockperf)
+  elif ls "$SRC"/build-debs/sockperf*.deb >/dev/null 2>&1; then
+    tools="$RAW/tools"
+    mkdir -p "$tools"
+    for d in "$SRC"/build-debs/sockperf*.deb; do dpkg -x "$d" "$tools"; done
+    SOCKPERF="$tools/usr/bin/sockperf"
+    export LD_LIBRARY_PATH="$tools/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+  fi
+fi
+[ -n "${SOCKPERF:-}" ] || echo "run.sh: no sockperf; the sockperf anchor is left out" >&2
+
+PIDS=()
+POINTS="$RAW/points.jsonl"
+: >"$POINTS"
+SECRET="compare-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+CLK_TCK=$(getconf CLK_TCK)
+T0=$(date +%s)
+
+stop_servers() {
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  PIDS=()
+}
+trap stop_servers EXIT
+
+log() { echo "[$(($(date +%s) - T0))s] $*" >&2; }
+
+wait_for_line() {  # FILE REGEX SECONDS
+  for _ in $(seq $(($3 * 20))); do
+    grep -Eq "$2" "$1" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "run.sh: $(basename "$1") never showed /$2/ within $3 s:" >&2
+  tail -20 "$1" >&2
+  return 1
+}
+
+# CPU ticks (utime + stime) of the server's processes so far.
+ticks() {
+  local sum=0 pid
+  for pid in "${SERVER_PIDS[@]}"; do
+    # Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
+    local rest
+    rest=$(sed -E 's/^.*\) //' "/proc/$pid/stat" 2>/dev/null) || continue
+    set -- $rest
+    sum=$((sum + ${12} + ${13}))
+  done
+  echo "$sum"
+}
+
+# start_server SERVER HANDLER: starts it; sets UDP_PORT, TCP_PORT and SERVER_PIDS.
+start_server() {
+  local server=$1 handler=$2 log="$RAW/$1-$2"
+  SERVER_PIDS=()
+  case "$server" in
+    caracal)
+      cat >"$log-server.yaml" <<YAML
+io_threads: $THREADS
+log_level: warn
+control: { listen: 127.0.0.1:0, secret: $SECRET }
+metrics: { listen: 127.0.0.1:0 }
+services:
+  - name: $handler
+    max_message_bytes: $MAX_MESSAGE
+    dispatch: round_robin
+    listeners:
+      - { protocol: udp, listen: 127.0.0.1:0 }
+      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
+YAML
+      "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
+      local spid=$!
+      PIDS+=("$spid")
+      wait_for_line "$log-server.log" "serving [0-9]+ service" 20 || return 1
+      local control
+      control=$(sed -nE 's/.*control endpoint on .* \(port ([0-9]+)\).*/\1/p' "$log-server.log")
+      UDP_PORT=$(sed -nE 's#.*listening on udp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$log-server.log" | head -1)
+      TCP_PORT=$(sed -nE 's#.*listening on tcp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$log-server.log" | head -1)
+      cat >"$log-agent.yaml" <<YAML
+agent: bench-$handler
+server: 127.0.0.1:$control
+secret: $SECRET
+accelerator: $CARACAL_ACCEL
+transport: shm
+log_level: info
+cpu: { workers: ${CPU_WORKERS:-1} }
+reconnect_interval_ms: 100
+services:
+  - { name: $handler, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE }
+YAML
+      "${AGENT[$handler]}" --config "$log-agent.yaml" >"$log-agent.log" 2>&1 &
+      local apid=$!
+      PIDS+=("$apid")
+      wait_for_line "$log-agent.log" "serving [0-9]+ service" 60 || return 1
+      wait_for_line "$log-server.log" "region for service .* attached" 20 || return 1
+      SERVER_PIDS=("$spid" "$apid")
+      ;;
+    host_centric | cpu)
+      local bin=$CPU_SERVER extra=()
+      if [ "$server" = host_centric ]; then
+        bin=$HC_SERVER
+        extra=(--batch "$BATCH" --batch-timeout-us "$BATCH_TIMEOUT_US" --gpu 0)
+      fi
+      "$bin" --handler "$handler" --threads "$THREADS" --max-message-bytes $MAX_MESSAGE \
+        "${extra[@]}" >"$log-server.log" 2>&1 &
+      local pid=$!
+      PIDS+=("$pid")
+      wait_for_line "$log-server.log" "^listening udp" 30 || return 1
+      UDP_PORT=$(sed -nE 's/^listening udp ([0-9]+) tcp ([0-9]+).*/\1/p' "$log-server.log")
+      TCP_PORT=$(sed -nE 's/^listening udp ([0-9]+) tcp ([0-9]+).*/\2/p' "$log-server.log")
+      SERVER_PIDS=("$pid")
+      ;;
+  esac
+  [ -n "$UDP_PORT" ] && [ -n "$TCP_PORT" ] || { echo "run.sh: no ports for $server" >&2; return 1; }
+}
+
+# point SERVER HANDLER PROTO SIZE KIND LOADGEN_ARGS...: one loadgen run, with the server's
+# CPU use over it; appends a line to points.jsonl.
+point() {
+  local server=$1 handler=$2 proto=$3 size=$4 kind=$5
+  shift 5
+  local port=$UDP_PORT
+  [ "$proto" = tcp ] && port=$TCP_PORT
+  local name="$server-$handler-$proto-$size-$kind"
+  local t0 t1 w0 w1 rc
+  t0=$(ticks)
+  w0=$(date +%s.%N)
+  "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
+    --warmup "$WARMUP" --duration "$DURATION" --json "$RAW/$name.json" --label "$name" "$@" \
+    >"$RAW/$name.out" 2>&1
+  rc=$?
+  w1=$(date +%s.%N)
+  t1=$(ticks)
+  local cores
+  cores=$(awk -v t="$((t1 - t0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
+    'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
+  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s","loadgen_rc":%d,"cpu_cores":%s,"json":"%s"}\n' \
+    "$server" "$handler" "$proto" "$size" "$kind" "$rc" "$cores" "$name.json" >>"$POINTS"
+  log "$name: $(head -1 "$RAW/$name.out") [server cores $cores]"
+  [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
+}
+
+sockperf_point() {
+  local server=$1 size=$2
+  local name="$server-echo-udp-$size-sockperf"
+  local t0 t1 w0 w1
+  t0=$(ticks)
+  w0=$(date +%s.%N)
+  local secs
+  secs=$(awk -v d="$DURATION" 'BEGIN { s = int(d + 0.999); print (s < 1 ? 1 : s) }')
+  timeout $((secs + 30)) "$SOCKPERF" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m "$size" -t "$secs" \
+    >"$RAW/$name.txt" 2>&1
+  local rc=$?
+  w1=$(date +%s.%N)
+  t1=$(ticks)
+  local cores
+  cores=$(awk -v t="$((t1 - t0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
+    'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
+  printf '{"server":"%s","handler":"echo","proto":"udp","size":%s,"kind":"sockperf","sockperf_rc":%d,"cpu_cores":%s,"sockperf":"%s"}\n' \
+    "$server" "$size" "$rc" "$cores" "$name.txt" >>"$POINTS"
+  log "$name: $(grep -m1 'Summary: Latency' "$RAW/$name.txt" || echo "sockperf exited $rc")"
+}
+
+FAILED=0
+for handler in echo matvec; do
+  for server in $SERVERS; do
+    log "== $server / $handler"
+    if ! start_server "$server" "$handler"; then
+      FAILED=$((FAILED + 1))
+      stop_servers
+      continue
+    fi
+    for proto in udp tcp; do
+      for size in $SIZES; do
+        point "$server" "$handler" "$proto" "$size" latency --connections 1 --window 1
+        point "$server" "$handler" "$proto" "$size" saturation --connections "$SAT_CONNECTIONS" \
+          --window "$SAT_WINDOW" --threads "$LOADGEN_THREADS"
+        case " $OPEN_SIZES " in
+          *" $size "*)
+            sat=$(sed -nE 's/^ *"throughput_rps": ([0-9.]+).*/\1/p' \
+              "$RAW/$server-$handler-$proto-$size-saturation.json" | head -1)
+            if [ -n "$sat" ] && awk -v s="$sat" 'BEGIN { exit !(s > 100) }'; then
+              for f in $OPEN_FRACTIONS; do
+                rate=$(awk -v s="$sat" -v f="$f" 'BEGIN { printf "%d", s * f }')
+                point "$server" "$handler" "$proto" "$size" "open-$f" --mode open --rate "$rate" \
+                  --connections "$SAT_CONNECTIONS" --window "$SAT_WINDOW" \
+                  --threads "$LOADGEN_THREADS"
+              done
+            fi
+            ;;
+        esac
+      done
+    done
+    if [ "$handler" = echo ] && [ -n "${SOCKPERF:-}" ]; then
+      for size in $SIZES; do sockperf_point "$server" "$size"; done
+    fi
+    stop_servers
+  done
+done
+
+# The run's facts, then everything into one JSON and the tables.
+{
+  echo "{"
+  echo "  \"date_utc\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
+  echo "  \"commit\": \"${CARACAL_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)}\","
+  echo "  \"cpu_only\": $([ "$CPU_ONLY" -eq 1 ] && echo true || echo false),"
+  echo "  \"gpu\": \"$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)\","
+  echo "  \"cpu_model\": \"$(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)\","
+  echo "  \"online_cpus\": $(nproc --all),"
+  echo "  \"kernel\": \"$(uname -sr)\","
+  echo "  \"hostname\": \"$(hostname)\","
+  echo "  \"servers\": \"$SERVERS\","
+  echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\"},"
+  echo "  \"failed_points\": $FAILED"
+  echo "}"
+} >"$RAW/run.json"
+python3 "$SRC/bench/compare/report.py" "$RESULTS" || FAILED=$((FAILED + 1))
+log "done: $RESULTS/compare.json, $RESULTS/compare.md ($FAILED failed)"
+[ "$FAILED" -eq 0 ]

@@ -27,7 +27,8 @@
 # Knobs (environment): DURATION (s per point, 2), WARMUP (s, 0.5), THREADS (4), SIZES
 # ("64 1024 16384"), LOADGEN_THREADS (4), SAT_CONNECTIONS (8), SAT_WINDOW (16), OPEN_SIZES
 # ("1024"), OPEN_FRACTIONS ("0.25 0.5 0.75 0.9 1.1"), BATCH (64), BATCH_TIMEOUT_US (20),
-# CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), SOCKPERF (path; else PATH, else build-debs/*.deb).
+# CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (the agent's gpu.workers; 0: one per
+# queue), CPU_WORKERS (cpu.workers, 1), SOCKPERF (path; else PATH, else build-debs/*.deb).
 # With the defaults a full run takes about 7 minutes.
 set -uo pipefail
 
@@ -142,7 +143,7 @@ start_server() {
       cat >"$log-server.yaml" <<YAML
 io_threads: $THREADS
 log_level: warn
-control: { listen: 127.0.0.1:0, secret: $SECRET }
+control: { listen: 127.0.0.1:0, secret: $SECRET, agent_timeout_ms: 5000 }
 metrics: { listen: 127.0.0.1:0 }
 services:
   - name: $handler
@@ -168,6 +169,7 @@ accelerator: $CARACAL_ACCEL
 transport: shm
 log_level: info
 cpu: { workers: ${CPU_WORKERS:-1} }
+$([ "${CARACAL_ACCEL#gpu}" != "$CARACAL_ACCEL" ] && echo "gpu: { workers: ${GPU_WORKERS:-0} }")
 reconnect_interval_ms: 100
 services:
   - { name: $handler, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE }
@@ -295,7 +297,7 @@ done
   echo "  \"hostname\": \"$(hostname)\","
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

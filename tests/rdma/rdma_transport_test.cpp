@@ -751,7 +751,7 @@ TEST(RdmaPeerProcess, PeerKilledMidStreamFailsTheTransportThenAReconnectWorks) {
   // replies had come back by then).
   std::atomic<bool> stop_watch{false};
   std::thread killer([&] {
-    const auto at = Clock::now() + milliseconds(1500);
+    const auto at = Clock::now() + milliseconds(3000);
     while (!stop_watch.load() && Clock::now() < at) {
       std::this_thread::sleep_for(milliseconds(10));
     }

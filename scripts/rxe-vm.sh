@@ -29,7 +29,7 @@
 # providers only in a merged-/usr layout; rdma_cm on `lo` hangs, so rxe0 sits on a dummy netdev;
 # glibc dlopen()s libgcc_s.so.1 for thread cancellation, so it is copied in.
 set -euo pipefail
-CACHE=${RXE_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/caracal/rxe-vm}
+CACHE=${RXE_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/caracal/rxe-vm}
 TIMEOUT=900 MEM=1024 SMP=2 VERBOSE=0
 FILES=() DIRS=() ENVS=()
 while getopts "f:d:e:t:m:s:vh" o; do

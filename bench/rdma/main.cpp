@@ -232,8 +232,11 @@ Perftest run_perftest(const Options& o, const std::string& tool, uint32_t bytes,
   r.iterations = n;
   const std::string common = tool + " -d " + o.device + " -x " + o.gid_index + " -s " +
                              std::to_string(bytes) + " -n " + std::to_string(n);
-  const std::string cmd =
-      "(" + common + " >/dev/null 2>&1 & sleep 1; " + common + " " + o.ip + " 2>&1; wait)";
+  // The client retries until the server listens (slow to start in a loaded, emulated VM).
+  const std::string cmd = "(" + common + " >/dev/null 2>&1 & for i in 1 2 3 4 5 6 7 8 9 10; do " +
+                          "sleep 1; " + common + " " + o.ip + " >/tmp/perftest.out 2>&1 && " +
+                          "grep -q '#bytes' /tmp/perftest.out && break; done; " +
+                          "cat /tmp/perftest.out; wait)";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     r.error = "popen failed";
@@ -241,8 +244,10 @@ Perftest run_perftest(const Options& o, const std::string& tool, uint32_t bytes,
   }
   char line[1024];
   bool next_is_result = false;
+  std::string last;
   while (std::fgets(line, sizeof(line), p) != nullptr) {
     const std::string l = line;
+    if (l.find_first_not_of(" \t\r\n-") != std::string::npos) last = l;
     if (l.find("#bytes") != std::string::npos) {
       next_is_result = true;
       continue;
@@ -260,7 +265,12 @@ Perftest run_perftest(const Options& o, const std::string& tool, uint32_t bytes,
     }
   }
   const int status = pclose(p);
-  if (!r.ok) r.error = tool + " gave no result line (exit status " + std::to_string(status) + ")";
+  if (!r.ok) {
+    while (!last.empty() && (last.back() == '\n' || last.back() == '\r'))
+      last.pop_back();
+    r.error = tool + " gave no result line (exit status " + std::to_string(status) +
+              "; last line: " + last + ")";
+  }
   return r;
 }
 

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -26,6 +27,15 @@
 namespace caracal::mqueue::stress {
 
 using Clock = std::chrono::steady_clock;
+
+// A decimal argument of the peer programs; false unless the whole string is a number.
+inline bool parse_u64(const char* s, uint64_t& out) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (end == s || *end != '\0') return false;
+  out = v;
+  return true;
+}
 
 inline constexpr uint64_t kRequestSalt = 0x5245'5155'4553'5421ULL;
 inline constexpr uint64_t kReplySalt = 0x5245'504C'5921'2121ULL;

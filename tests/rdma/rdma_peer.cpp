@@ -29,14 +29,7 @@ namespace {
 
 using namespace caracal;
 using namespace caracal::mqueue;
-
-bool parse_u64(const char* s, uint64_t& out) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (end == s || *end != '\0') return false;
-  out = v;
-  return true;
-}
+using stress::parse_u64;
 
 int usage(const char* why) {
   std::fprintf(stderr,

@@ -10,6 +10,10 @@ packages=(
   clang-format
   # End-to-end tests: unmodified clients, and a memcached for destinations to call.
   sockperf socat netcat-openbsd memcached libmemcached-tools curl
+  # The DPDK port (libdpdk-dev on Debian 12 and Ubuntu 24.04 alike; its PMDs, net_tap and
+  # net_af_packet among them, come with it) and its end-to-end tests: a veth pair in a network
+  # namespace, the kernel side's checksum offload turned off, frames made by python3.
+  libdpdk-dev iproute2 ethtool python3
 )
 
 missing=()

@@ -5,6 +5,7 @@
 #include <rte_ip.h>
 #include <rte_udp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iterator>
 
@@ -67,12 +68,35 @@ RxFrame parse_arp(const rte_mbuf* m, const PortAddress& me) {
   return f;
 }
 
+// The one's complement sum of `len` bytes at `off`, across segments. Not rte_raw_cksum_mbuf:
+// in DPDK 22.11 it truncates a segment's unreduced 32-bit sum to 16 bits before the byte swap
+// that a segment starting at an odd offset needs, and gets such chains wrong.
+bool raw_sum(const rte_mbuf* m, uint32_t off, uint32_t len, uint16_t* out) {
+  if (uint64_t{off} + len > rte_pktmbuf_pkt_len(m)) return false;
+  const rte_mbuf* seg = m;
+  while (seg != nullptr && off >= seg->data_len) {
+    off -= seg->data_len;
+    seg = seg->next;
+  }
+  uint16_t sum = 0;
+  uint32_t done = 0;
+  for (; seg != nullptr && done < len; seg = seg->next, off = 0) {
+    const uint32_t n = std::min<uint32_t>(seg->data_len - off, len - done);
+    uint16_t part = rte_raw_cksum(rte_pktmbuf_mtod_offset(seg, const char*, off), n);
+    if (done & 1) part = rte_bswap16(part);  // this segment's bytes sit at odd positions
+    sum = add_cksum(sum, part);
+    done += n;
+  }
+  *out = sum;
+  return done == len;
+}
+
 }  // namespace
 
 bool udp_checksum_holds(const rte_mbuf* m, uint32_t l4_offset, uint32_t udp_bytes, uint32_t src_be,
                         uint32_t dst_be) {
   uint16_t body = 0;
-  if (rte_raw_cksum_mbuf(m, l4_offset, udp_bytes, &body) != 0) return false;
+  if (!raw_sum(m, l4_offset, udp_bytes, &body)) return false;
   return add_cksum(body, pseudo_header_sum(src_be, dst_be, static_cast<uint16_t>(udp_bytes))) ==
          0xFFFF;
 }

@@ -8,6 +8,7 @@
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 
 #include <array>
 #include <atomic>
@@ -151,6 +152,7 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
   void deliver(uint64_t token, const udp::endpoint& peer, Reply reply) override {
     const SlotPeer sp = slot_peer_[split_token(token).slot];
     state_->replies.release(token);
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
     if (state_->stopped.load(std::memory_order_acquire)) {
       if (reply.kind != Reply::Kind::kNoReply && sp.binding != kNoBinding) {
         state_->bindings[sp.binding]->stats.drop(DropReason::kSendFailed);
@@ -192,6 +194,8 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
   int run() {
     DpdkPortState& s = *state_;
     if (queue_ == 0) announce();
+    // Idle sleeps are short; the default timer slack (50 us) would stretch each of them.
+    if (s.config.idle_sleep_us > 0) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     uint32_t empty_polls = 0;
     while (!s.quit.load(std::memory_order_acquire)) {
       const uint16_t n = rte_eth_rx_burst(s.port_id, queue_, rx_.data(), s.config.burst);
@@ -200,8 +204,11 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
         on_frame(rx_[i]);
       const bool replied = drain_replies();
       flush();
+      // Sleep only with no request of this queue in flight: a reply is then on its way and
+      // should leave at once.
       if (n == 0 && !replied) {
-        if (s.config.idle_sleep_us > 0 && ++empty_polls >= kEmptyPollsBeforeSleep) {
+        if (s.config.idle_sleep_us > 0 && ++empty_polls >= kEmptyPollsBeforeSleep &&
+            outstanding_.load(std::memory_order_relaxed) == 0) {
           std::this_thread::sleep_for(std::chrono::microseconds(s.config.idle_sleep_us));
         }
       } else {
@@ -263,15 +270,19 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
       return;
     }
     slot_peer_[split_token(*token).slot] = from;
+    // Counted before dispatch: the reply may be delivered (and counted down) before it returns.
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
     switch (binding.service.dispatch(*token, std::move(bytes), flow_of(peer), false)) {
       case DispatchStatus::kQueued:
       case DispatchStatus::kCongested:
         return;
       case DispatchStatus::kFull:
+        outstanding_.fetch_sub(1, std::memory_order_relaxed);
         s.replies.release(*token);
         binding.stats.drop(DropReason::kQueueFull);
         return;
       case DispatchStatus::kNoAgent:
+        outstanding_.fetch_sub(1, std::memory_order_relaxed);
         s.replies.release(*token);
         binding.stats.drop(DropReason::kNoAgent);
         send_error(from, peer, "no agent serves service " + binding.service.name());
@@ -367,6 +378,9 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
   std::mutex pending_m_;
   std::vector<PendingReply> pending_;  // delivered by the engine, under pending_m_
   std::atomic<uint32_t> pending_count_{0};
+  // Requests of this queue dispatched and not yet delivered back; only steers idle sleeping,
+  // so relaxed.
+  std::atomic<int64_t> outstanding_{0};
 
   // The lcore's own.
   std::vector<PendingReply> taken_;

@@ -15,12 +15,25 @@ services:
   - name: echo
     max_message_bytes: 1024
     listeners:
-      - { protocol: udp, kind: dpdk, listen: $DPDK_IP:7000 }"
+      - { protocol: udp, kind: dpdk, listen: $DPDK_IP:7000 }
+      - { protocol: udp, kind: dpdk, listen: 0.0.0.0:7001 }"
 grep -E "dpdk port" "$WORK/server.log"
 grep -q "listening on dpdk/$DPDK_IP:7000 (port 7000)" "$WORK/server.log" || fail "no dpdk listener in the log"
 dpdk_link_up
 start_agent echo-1 "$ECHO_AGENT" "  - { name: echo, queues: 2, ring_capacity: 256, slot_bytes: 256, max_message_bytes: 1024 }"
 baseline=$(metric 'caracal_dpdk_mbufs_available')
+
+# Two listeners share the port: each answers from its own UDP port.
+python3 - "$DPDK_IP" <<'PY' || fail "a dpdk listener answered wrongly"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+for port in (7000, 7001, 7000):
+    s.sendto(b"to %d" % port, (sys.argv[1], port))
+    data, frm = s.recvfrom(2048)
+    assert data == b"to %d" % port and frm == (sys.argv[1], port), (data, frm)
+    print("listener %d answered %r from %s:%d" % (port, data, *frm))
+PY
 
 sockperf ping-pong -i "$DPDK_IP" -p 7000 -m 64 -t 3 >"$WORK/pp.out" 2>&1 || fail "sockperf ping-pong exited $?"
 pingpong_ok "$WORK/pp.out" "$DPDK_PMD UDP ping-pong"

@@ -81,7 +81,8 @@ services:
       - { protocol: udp, listen: 127.0.0.1:7000 }
       - { protocol: udp, kind: dpdk, listen: 192.0.2.2:7000 }
 YAML
-in_ns "$server_bin" --config "$work/server.yaml" >"$work/server.log" 2>&1 &
+# Not through in_ns: `ip netns exec` execs the program, so $! is the server itself.
+ip netns exec "$ns" "$server_bin" --config "$work/server.yaml" >"$work/server.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -aq "serving 1 service" "$work/server.log" && break; sleep 0.1; done
 grep -aq "serving 1 service" "$work/server.log" || { cat "$work/server.log"; exit 1; }
@@ -97,7 +98,7 @@ accelerator: cpu
 transport: shm
 services: [ { name: echo, queues: 1, ring_capacity: 256, slot_bytes: 256, max_message_bytes: 1024 } ]
 YAML
-in_ns "$agent_bin" --config "$work/agent.yaml" >"$work/agent.log" 2>&1 &
+ip netns exec "$ns" "$agent_bin" --config "$work/agent.yaml" >"$work/agent.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -aq "serving 1 service" "$work/agent.log" && break; sleep 0.1; done
 port_line=$(grep -a "dpdk port" "$work/server.log" | sed -E 's/.*dpdk port //')

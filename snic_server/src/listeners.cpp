@@ -646,9 +646,7 @@ class UdpListener final : public Listener {
 
 std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps) {
   if (config.kind == ListenerKind::kDpdk) {
-#ifdef CARACAL_HAVE_DPDK
     if (deps.dpdk != nullptr) return deps.dpdk->make_listener(config, deps.service);
-#endif
     throw std::invalid_argument(listener_name(config) + ": the server has no DPDK port");
   }
   if (config.protocol == Protocol::kUdp) return std::make_unique<UdpListener>(config, deps);

@@ -25,14 +25,10 @@ Status Server::start() {
   if (started_) return invalid_argument("server already started");
   started_ = true;
   if (config_.dpdk) {
-#ifdef CARACAL_HAVE_DPDK
     Result<std::unique_ptr<DpdkPort>> port = DpdkPort::open(*config_.dpdk, replies_, metrics_);
     if (!port.ok()) return port.status();
     dpdk_ = std::move(port).value();
     spdlog::info("dpdk port {}", dpdk_->description());
-#else
-    return invalid_argument("dpdk: this snic_server was built without DPDK");
-#endif
   }
   std::map<std::string, Service*> by_name;
   for (auto& s : services_) {
@@ -61,11 +57,9 @@ Status Server::start() {
                  metrics_server_->port());
   }
   engine_.start();
-#ifdef CARACAL_HAVE_DPDK
   if (dpdk_) {
     if (Status st = dpdk_->run(); !st.ok()) return st;
   }
-#endif
   for (uint32_t i = 0; i < config_.io_threads; ++i) {
     threads_.emplace_back([this] {
       auto guard = boost::asio::make_work_guard(io_);
@@ -104,9 +98,7 @@ void Server::stop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   // The DPDK workers sent the replies of the drain; now they stop and the port closes.
-#ifdef CARACAL_HAVE_DPDK
   if (dpdk_) dpdk_->stop();
-#endif
   for (auto& [name, list] : listeners_) {
     for (auto& l : list)
       l->close_all();

@@ -184,7 +184,10 @@ out += ["", "This is a 2-core virtual machine shared with other work, and the DP
         "PMD over the kernel (every frame still crosses the kernel, by a packet socket or a tap "
         "device), while the Asio side uses loopback. The numbers say how the two paths compare "
         "here; they say little about a BlueField with a ConnectX PMD, where the DPDK port owns "
-        "the NIC.", "",
+        "the NIC. The DPDK workers poll (and spin while a request of theirs is in flight), so on a "
+        "machine with more runnable threads than cores they take CPU time from the engine and the "
+        "agent, where the Asio I/O thread sleeps in epoll until a datagram arrives; the load "
+        "average above says how busy the machine was.", "",
         "| test | asio | dpdk | dpdk / asio |", "| --- | ---: | ---: | ---: |"]
 names = {"p50_us": "ping-pong p50 (us)", "p99_us": "ping-pong p99 (us)", "p999_us": "ping-pong p99.9 (us)",
          "avg_us": "ping-pong mean (us)", "sent_per_s": "throughput: sockperf sent (msg/s)",

@@ -23,7 +23,7 @@
 //           error_reply: "ERROR {reason}"   # optional, see ListenerConfig
 //           max_pipeline: 4096              # optional
 //   dpdk:                          # optional: the DPDK port that `kind: dpdk` listeners use
-//     eal_args: [--no-pci, --vdev=net_af_packet0,iface=veth0, -l, "0-1"]
+//     eal_args: [--no-huge, -m, "256", "--vdev=net_af_packet0,iface=veth0", -l, "0-1"]
 //     port: net_af_packet0         # the ethdev's name; default: the only port there is
 //     ipv4: 192.0.2.2              # the port's address (it answers ARP for it)
 //     queues: 1                    # RX/TX queue pairs, one worker lcore each

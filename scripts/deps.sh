@@ -15,6 +15,10 @@ packages=(
   # provider, perftest's ib_*_lat; zstd unpacks Ubuntu's kernel modules).
   libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdmacm-utils perftest iproute2
   qemu-system-x86 busybox-static zstd
+  # The DPDK port (libdpdk-dev on Debian 12 and Ubuntu 24.04 alike; its PMDs, net_tap and
+  # net_af_packet among them, come with it) and its end-to-end tests: a veth pair in a network
+  # namespace, the kernel side's checksum offload turned off, frames made by python3.
+  libdpdk-dev ethtool python3
 )
 
 missing=()

@@ -5,16 +5,19 @@
 #   scripts/test.sh --sanitize thread      # TSan build in build-thread/
 #   scripts/test.sh --sanitize address     # ASan+UBSan build in build-address/
 #   scripts/test.sh -L 'mqueue|accel'      # only these CTest labels, and only what they run is built
+#   scripts/test.sh --skip-labels dpdk     # everything but these labels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sanitize=""
 labels=""
+skip_labels=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize="$2"; shift 2 ;;
     -L) labels="$2"; shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --skip-labels) skip_labels="$2"; shift 2 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -50,6 +53,9 @@ if [ -n "$labels" ]; then
     build_args+=(--target "caracal_tests_$name")
   done
   ctest_args+=(-L "^($labels)\$")
+fi
+if [ -n "$skip_labels" ]; then
+  ctest_args+=(-LE "^($skip_labels)\$")
 fi
 
 cmake -S . -B "$build" "${cmake_args[@]}"

@@ -1,11 +1,12 @@
 #include "caracal/server/config.hpp"
 
-#include "caracal/control/protocol.hpp"
+#include <arpa/inet.h>
 
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "caracal/control/protocol.hpp"
 #include "caracal/mqueue/layout.hpp"
 
 namespace caracal::server {
@@ -31,12 +32,36 @@ ControlConfig parse_control(const Field& f) {
   return c;
 }
 
+constexpr const char* kNoDpdk =
+    "this snic_server was built without DPDK (CARACAL_HAVE_DPDK is not set; install "
+    "libdpdk-dev and rebuild)";
+
 ListenerConfig parse_listener(const Field& f, uint32_t max_message_bytes) {
-  f.allow_only({"protocol", "listen", "framing", "error_reply", "max_pipeline"});
+  f.allow_only({"protocol", "kind", "listen", "framing", "error_reply", "max_pipeline"});
   ListenerConfig l;
   l.protocol = f.required("protocol")
                    .as_choice<Protocol>({{"udp", Protocol::kUdp}, {"tcp", Protocol::kTcp}});
+  if (auto k = f.optional("kind")) {
+    l.kind =
+        k->as_choice<ListenerKind>({{"asio", ListenerKind::kAsio}, {"dpdk", ListenerKind::kDpdk}});
+    if (l.kind == ListenerKind::kDpdk) {
+      if (l.protocol != Protocol::kUdp) k->fail("the DPDK port serves UDP only");
+      if (!dpdk_available()) k->fail(std::string("a dpdk listener cannot run: ") + kNoDpdk);
+    }
+  }
   l.listen = config::as_host_port(f.required("listen"));
+  if (l.kind == ListenerKind::kDpdk) {
+    in_addr a{};
+    if (inet_pton(AF_INET, l.listen.host.c_str(), &a) != 1) {
+      f.required("listen").fail(
+          "a dpdk listener listens on an IPv4 address (the dpdk section's "
+          "ipv4, or 0.0.0.0), not '" +
+          l.listen.host + "'");
+    }
+    if (l.listen.port == 0) {
+      f.required("listen").fail("a dpdk listener needs a port other than 0 (no OS picks one)");
+    }
+  }
   if (auto e = f.optional("error_reply")) {
     l.error_reply = e->as_string();
     if (l.error_reply->find("{reason}") == std::string::npos) {
@@ -73,6 +98,57 @@ ServiceConfig parse_service(const Field& f) {
   for (const Field& l : listeners)
     s.listeners.push_back(parse_listener(l, s.max_message_bytes));
   return s;
+}
+
+DpdkConfig parse_dpdk(const Field& f) {
+  if (!dpdk_available()) f.fail(kNoDpdk);
+  f.allow_only({"eal_args", "port", "ipv4", "queues", "burst", "rx_descriptors", "tx_descriptors",
+                "mbufs", "mbuf_cache", "checksum_offload", "idle_sleep_us"});
+  DpdkConfig d;
+  if (auto a = f.optional("eal_args")) {
+    for (const Field& arg : a->items())
+      d.eal_args.push_back(arg.as_string());
+  }
+  if (auto p = f.optional("port")) {
+    d.port = p->as_string();
+    if (d.port.empty()) p->fail("the port name is empty");
+  }
+  const Field ip = f.required("ipv4");
+  d.ipv4 = ip.as_string();
+  in_addr a{};
+  if (inet_pton(AF_INET, d.ipv4.c_str(), &a) != 1)
+    ip.fail("'" + d.ipv4 + "' is not an IPv4 address");
+  const uint32_t host_order = ntohl(a.s_addr);
+  if (host_order == 0 || host_order == 0xFFFFFFFFu || (host_order >> 28) == 0xE) {
+    ip.fail("'" + d.ipv4 + "' cannot be a port's address (unspecified, broadcast or multicast)");
+  }
+  d.ipv4_be = a.s_addr;
+  if (auto v = f.optional("queues")) d.queues = static_cast<uint16_t>(v->as_uint(1, 128));
+  if (auto v = f.optional("burst")) d.burst = static_cast<uint16_t>(v->as_uint(1, 512));
+  if (auto v = f.optional("rx_descriptors")) {
+    d.rx_descriptors = static_cast<uint16_t>(v->as_uint(32, 32768));
+  }
+  if (auto v = f.optional("tx_descriptors")) {
+    d.tx_descriptors = static_cast<uint16_t>(v->as_uint(32, 32768));
+  }
+  if (auto v = f.optional("mbufs")) d.mbufs = static_cast<uint32_t>(v->as_uint(63, 1u << 24));
+  if (auto v = f.optional("mbuf_cache")) d.mbuf_cache = static_cast<uint32_t>(v->as_uint(0, 512));
+  if (auto v = f.optional("checksum_offload")) d.checksum_offload = v->as_bool();
+  if (auto v = f.optional("idle_sleep_us")) {
+    d.idle_sleep_us = static_cast<uint32_t>(v->as_uint(0, 100'000));
+  }
+  // Every RX descriptor may hold an mbuf, and each worker keeps a burst in hand and a cache.
+  const uint64_t need =
+      uint64_t{d.queues} * (d.rx_descriptors + d.tx_descriptors + d.burst * 2u + d.mbuf_cache);
+  if (d.mbufs < need) {
+    f.fail("mbufs (" + std::to_string(d.mbufs) + ") must be at least " + std::to_string(need) +
+           ": queues x (rx_descriptors + tx_descriptors + 2 x burst + mbuf_cache)");
+  }
+  if (d.mbuf_cache * 3ull > d.mbufs * 2ull) {
+    f.fail("mbuf_cache (" + std::to_string(d.mbuf_cache) +
+           ") must be at most mbufs / 1.5 (a DPDK mempool rule)");
+  }
+  return d;
 }
 
 DestinationConfig parse_destination(const Field& f) {
@@ -155,7 +231,8 @@ FramingConfig parse_framing(const Field& f, uint32_t max_message_bytes) {
 }
 
 ServerConfig parse_server_config(const Field& root) {
-  root.allow_only({"io_threads", "log_level", "control", "metrics", "services", "destinations"});
+  root.allow_only(
+      {"io_threads", "log_level", "control", "metrics", "services", "destinations", "dpdk"});
   ServerConfig c;
   if (auto v = root.optional("io_threads"))
     c.io_threads = static_cast<uint32_t>(v->as_uint(1, 256));
@@ -189,22 +266,47 @@ ServerConfig parse_server_config(const Field& root) {
       }
     }
   }
-  // Two listeners on one address and protocol would fight over the port.
+  if (auto d = root.optional("dpdk")) c.dpdk = parse_dpdk(*d);
+  // Two listeners on one address and protocol would fight over the port. DPDK listeners share
+  // the port's one address, so among them the UDP port alone must differ; they do not clash
+  // with the kernel's sockets.
   std::set<std::pair<int, std::string>> bound;
+  std::set<uint16_t> dpdk_ports;
+  bool any_dpdk = false;
   for (size_t i = 0; i < c.services.size(); ++i) {
     for (size_t j = 0; j < c.services[i].listeners.size(); ++j) {
       const ListenerConfig& l = c.services[i].listeners[j];
+      const Field lf = services[i].required("listeners").items()[j];
+      if (l.kind == ListenerKind::kDpdk) {
+        any_dpdk = true;
+        if (!c.dpdk) lf.required("kind").fail("a dpdk listener needs the top-level 'dpdk' section");
+        if (l.listen.host != "0.0.0.0" && l.listen.host != c.dpdk->ipv4) {
+          lf.required("listen").fail("a dpdk listener listens on the dpdk port's address " +
+                                     c.dpdk->ipv4 + " (or 0.0.0.0), not " + l.listen.host);
+        }
+        if (!dpdk_ports.insert(l.listen.port).second) {
+          lf.required("listen").fail("UDP port " + std::to_string(l.listen.port) +
+                                     " is already used by another dpdk listener");
+        }
+        continue;
+      }
       if (l.listen.port != 0 &&
           !bound.insert({static_cast<int>(l.protocol), l.listen.str()}).second) {
-        services[i]
-            .required("listeners")
-            .items()[j]
-            .required("listen")
-            .fail("address " + l.listen.str() + " is already used by another listener");
+        lf.required("listen").fail("address " + l.listen.str() +
+                                   " is already used by another listener");
       }
     }
   }
+  if (c.dpdk && !any_dpdk) root.required("dpdk").fail("no listener has kind: dpdk");
   return c;
+}
+
+bool dpdk_available() {
+#ifdef CARACAL_HAVE_DPDK
+  return true;
+#else
+  return false;
+#endif
 }
 
 ServerConfig load_server_config(const std::string& path) {

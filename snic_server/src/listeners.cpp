@@ -14,8 +14,10 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "caracal/server/dpdk_port.hpp"
 #include "caracal/server/framing.hpp"
 #include "caracal/server/service.hpp"
+#include "listener_stats.hpp"
 
 namespace caracal::server {
 
@@ -61,32 +63,6 @@ std::optional<std::string> format_error_reply(const ListenerConfig& config,
 }
 
 namespace {
-
-// Counters of one listener.
-struct ListenerStats {
-  ListenerStats(Registry& registry, const std::string& service, const std::string& listener)
-      : labels{{"service", service}, {"listener", listener}},
-        requests(registry.counter("caracal_listener_requests_total",
-                                  "Requests the listener received", labels)),
-        replies(registry.counter("caracal_listener_replies_total",
-                                 "Replies the listener sent (error replies included)", labels)),
-        connections(registry.gauge("caracal_listener_connections",
-                                   "Open TCP connections of the listener", labels)),
-        drops(registry, "caracal_listener_drops_total",
-              "Requests dropped by the listener, by reason", labels) {}
-
-  void drop(DropReason reason) { drops.inc(reason); }
-
-  Labels labels;
-  Counter& requests;
-  Counter& replies;
-  Gauge& connections;
-  DropCounters drops;
-};
-
-std::string listener_name(const ListenerConfig& c) {
-  return std::string(c.protocol == Protocol::kUdp ? "udp/" : "tcp/") + c.listen.str();
-}
 
 // -------------------------------------------------------------------------------------------
 // TCP
@@ -493,19 +469,6 @@ class TcpListener final : public Listener {
 // -------------------------------------------------------------------------------------------
 // UDP
 
-// A UDP peer's flow for flow_affinity: its address and port, hashed without formatting them.
-uint64_t flow_of(const udp::endpoint& peer) {
-  uint64_t h = peer.port();
-  const auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001B3ULL; };
-  if (peer.address().is_v4()) {
-    mix(peer.address().to_v4().to_uint());
-  } else {
-    for (const unsigned char b : peer.address().to_v6().to_bytes())
-      mix(b);
-  }
-  return h;
-}
-
 class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpCore> {
  public:
   UdpCore(const ListenerConfig& config, const ListenerDeps& deps)
@@ -682,6 +645,10 @@ class UdpListener final : public Listener {
 }  // namespace
 
 std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps) {
+  if (config.kind == ListenerKind::kDpdk) {
+    if (deps.dpdk != nullptr) return deps.dpdk->make_listener(config, deps.service);
+    throw std::invalid_argument(listener_name(config) + ": the server has no DPDK port");
+  }
   if (config.protocol == Protocol::kUdp) return std::make_unique<UdpListener>(config, deps);
   FramingConfig framing = config.framing;
   framing.max_message_bytes = deps.service.config().max_message_bytes;

@@ -24,11 +24,17 @@ Server::~Server() {
 Status Server::start() {
   if (started_) return invalid_argument("server already started");
   started_ = true;
+  if (config_.dpdk) {
+    Result<std::unique_ptr<DpdkPort>> port = DpdkPort::open(*config_.dpdk, replies_, metrics_);
+    if (!port.ok()) return port.status();
+    dpdk_ = std::move(port).value();
+    spdlog::info("dpdk port {}", dpdk_->description());
+  }
   std::map<std::string, Service*> by_name;
   for (auto& s : services_) {
     by_name[s->name()] = s.get();
     for (const ListenerConfig& l : s->config().listeners) {
-      ListenerDeps deps{io_, *s, replies_, metrics_, config_.io_threads};
+      ListenerDeps deps{io_, *s, replies_, metrics_, config_.io_threads, dpdk_.get()};
       std::unique_ptr<Listener> listener = make_listener(l, deps);
       if (Status st = listener->start(); !st.ok()) return st;
       spdlog::info("service {}: listening on {} (port {})", s->name(), listener->name(),
@@ -51,6 +57,9 @@ Status Server::start() {
                  metrics_server_->port());
   }
   engine_.start();
+  if (dpdk_) {
+    if (Status st = dpdk_->run(); !st.ok()) return st;
+  }
   for (uint32_t i = 0; i < config_.io_threads; ++i) {
     threads_.emplace_back([this] {
       auto guard = boost::asio::make_work_guard(io_);
@@ -88,6 +97,8 @@ void Server::stop() {
   while (replies_.in_use() > 0 && std::chrono::steady_clock::now() < close_deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  // The DPDK workers sent the replies of the drain; now they stop and the port closes.
+  if (dpdk_) dpdk_->stop();
   for (auto& [name, list] : listeners_) {
     for (auto& l : list)
       l->close_all();

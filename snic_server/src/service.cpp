@@ -207,10 +207,10 @@ void Service::count_answer(const Reply& reply, Clock::duration latency) {
 
 const char* drop_reason_name(DropReason reason) {
   static constexpr const char* kNames[] = {
-      "connection_closed", "malformed",   "no_agent",      "oversize",
-      "partial_message",   "queue_full",  "reply_slots",   "reply_unframeable",
-      "request_failed",    "stale_reply", "unknown_token", "send_buffer_full",
-      "send_failed"};
+      "connection_closed", "malformed",       "no_agent",      "oversize",
+      "partial_message",   "queue_full",      "reply_slots",   "reply_unframeable",
+      "request_failed",    "stale_reply",     "unknown_token", "send_buffer_full",
+      "send_failed",       "reply_too_large", "no_mbufs"};
   static_assert(std::size(kNames) == static_cast<size_t>(DropReason::kCount));
   return kNames[static_cast<size_t>(reason)];
 }

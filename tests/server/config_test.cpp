@@ -196,5 +196,105 @@ services:
   }
 }
 
+// A server with a DPDK port: its listeners share the port's address and differ by UDP port.
+const char* kDpdk = R"yaml(control: { listen: 127.0.0.1:7100, secret: 0123456789abcdef0123 }
+dpdk:
+  eal_args: [--no-huge, -m, "256", "--vdev=net_af_packet0,iface=veth0,qpairs=2", "--lcores=0@(0-1),1@(0-1),2@(0-1)"]
+  port: net_af_packet0
+  ipv4: 192.0.2.2
+  queues: 2
+  burst: 64
+  mbufs: 16383
+  checksum_offload: false
+  idle_sleep_us: 5
+services:
+  - name: echo
+    max_message_bytes: 1024
+    listeners:
+      - { protocol: udp, kind: dpdk, listen: 192.0.2.2:7000 }
+      - { protocol: udp, listen: 0.0.0.0:7000 }
+  - name: kv
+    max_message_bytes: 1024
+    listeners:
+      - { protocol: udp, kind: dpdk, listen: 0.0.0.0:7001 }
+)yaml";
+
+std::string dpdk_with(const std::string& from, const std::string& to) {
+  std::string s = kDpdk;
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return s.replace(at, from.size(), to);
+}
+
+TEST(ServerConfig, DpdkSectionAndListeners) {
+  if (!dpdk_available()) {
+    // Built without DPDK: the first dpdk listener is refused where it is, with the reason.
+    std::string e = error_of(kDpdk);
+    EXPECT_NE(e.find("test.yaml:15:"), std::string::npos) << e;
+    EXPECT_NE(e.find("built without DPDK"), std::string::npos) << e;
+    // And so is the section, without dpdk listeners.
+    e = error_of(with("services:", "dpdk: { ipv4: 192.0.2.2 }\nservices:"));
+    EXPECT_NE(e.find("test.yaml:10:7:"), std::string::npos) << e;
+    EXPECT_NE(e.find("dpdk: this snic_server was built without DPDK"), std::string::npos) << e;
+    EXPECT_NE(e.find("built without DPDK"), std::string::npos) << e;
+    return;
+  }
+  const ServerConfig c = parse(kDpdk);
+  ASSERT_TRUE(c.dpdk.has_value());
+  EXPECT_EQ(c.dpdk->eal_args.size(), 5u);
+  EXPECT_EQ(c.dpdk->eal_args[3], "--vdev=net_af_packet0,iface=veth0,qpairs=2");
+  EXPECT_EQ(c.dpdk->port, "net_af_packet0");
+  EXPECT_EQ(c.dpdk->ipv4, "192.0.2.2");
+  EXPECT_EQ(c.dpdk->queues, 2);
+  EXPECT_EQ(c.dpdk->burst, 64);
+  EXPECT_EQ(c.dpdk->mbufs, 16383u);
+  EXPECT_FALSE(c.dpdk->checksum_offload);
+  EXPECT_EQ(c.dpdk->idle_sleep_us, 5u);
+  EXPECT_EQ(c.services[0].listeners[0].kind, ListenerKind::kDpdk);
+  EXPECT_EQ(c.services[0].listeners[1].kind, ListenerKind::kAsio);  // same port, other stack
+  EXPECT_EQ(c.services[1].listeners[0].kind, ListenerKind::kDpdk);
+}
+
+TEST(ServerConfig, DpdkMistakesNameTheirLine) {
+  if (!dpdk_available()) {
+    const std::string e = error_of(with("{ protocol: udp, listen: 0.0.0.0:7000 }",
+                                        "{ protocol: udp, kind: dpdk, listen: 0.0.0.0:7000 }"));
+    EXPECT_NE(e.find("test.yaml:15:"), std::string::npos) << e;
+    EXPECT_NE(e.find("services[0].listeners[0].kind"), std::string::npos) << e;
+    EXPECT_NE(e.find("built without DPDK"), std::string::npos) << e;
+    return;
+  }
+  std::string e = error_of(with("{ protocol: udp, listen: 0.0.0.0:7000 }",
+                                "{ protocol: udp, kind: dpdk, listen: 0.0.0.0:7000 }"));
+  EXPECT_NE(e.find("test.yaml:15:"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs the top-level 'dpdk' section"), std::string::npos) << e;
+  e = error_of(dpdk_with("protocol: udp, kind: dpdk, listen: 192.0.2.2:7000",
+                         "protocol: tcp, kind: dpdk, listen: 192.0.2.2:7000"));
+  EXPECT_NE(e.find("the DPDK port serves UDP only"), std::string::npos) << e;
+  e = error_of(
+      dpdk_with("kind: dpdk, listen: 192.0.2.2:7000", "kind: dpdk, listen: 192.0.2.9:7000"));
+  EXPECT_NE(e.find("test.yaml:15:"), std::string::npos) << e;
+  EXPECT_NE(e.find("the dpdk port's address 192.0.2.2"), std::string::npos) << e;
+  e = error_of(dpdk_with("kind: dpdk, listen: 192.0.2.2:7000", "kind: dpdk, listen: 192.0.2.2:0"));
+  EXPECT_NE(e.find("a port other than 0"), std::string::npos) << e;
+  e = error_of(dpdk_with("listen: 0.0.0.0:7001", "listen: 0.0.0.0:7000"));
+  EXPECT_NE(e.find("test.yaml:20:"), std::string::npos) << e;
+  EXPECT_NE(e.find("already used by another dpdk listener"), std::string::npos) << e;
+  e = error_of(dpdk_with("ipv4: 192.0.2.2", "ipv4: 224.0.0.1"));
+  EXPECT_NE(e.find("test.yaml:5:"), std::string::npos) << e;
+  EXPECT_NE(e.find("multicast"), std::string::npos) << e;
+  e = error_of(dpdk_with("mbufs: 16383", "mbufs: 1000"));
+  EXPECT_NE(e.find("mbufs (1000) must be at least"), std::string::npos) << e;
+  e = error_of(dpdk_with("queues: 2", "queue: 2"));
+  EXPECT_NE(e.find("unknown setting 'queue'"), std::string::npos) << e;
+  std::string no_dpdk_listener =
+      dpdk_with("      - { protocol: udp, kind: dpdk, listen: 0.0.0.0:7001 }",
+                "      - { protocol: udp, listen: 0.0.0.0:7001 }");
+  const std::string first = "      - { protocol: udp, kind: dpdk, listen: 192.0.2.2:7000 }\n";
+  no_dpdk_listener.erase(no_dpdk_listener.find(first), first.size());
+  e = error_of(no_dpdk_listener);
+  EXPECT_NE(e.find("no listener has kind: dpdk"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace caracal::server

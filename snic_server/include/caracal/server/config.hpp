@@ -16,11 +16,17 @@
 //       dispatch: round_robin      # round_robin, least_loaded, flow_affinity
 //       listeners:
 //         - { protocol: udp, listen: 0.0.0.0:7000 }
+//         - { protocol: udp, kind: dpdk, listen: 192.0.2.2:7000 }
 //         - protocol: tcp
 //           listen: 0.0.0.0:7001
 //           framing: { kind: length_prefixed, prefix_bytes: 4, byte_order: big }
 //           error_reply: "ERROR {reason}"   # optional, see ListenerConfig
 //           max_pipeline: 4096              # optional
+//   dpdk:                          # optional: the DPDK port that `kind: dpdk` listeners use
+//     eal_args: [--no-huge, -m, "256", "--vdev=net_af_packet0,iface=veth0", -l, "0-1"]
+//     port: net_af_packet0         # the ethdev's name; default: the only port there is
+//     ipv4: 192.0.2.2              # the port's address (it answers ARP for it)
+//     queues: 1                    # RX/TX queue pairs, one worker lcore each
 //   destinations:                  # what client queues call
 //     - name: memcached
 //       connect: 127.0.0.1:11211
@@ -39,9 +45,13 @@ namespace caracal::server {
 
 enum class Protocol : uint8_t { kUdp, kTcp };
 enum class DispatchPolicy : uint8_t { kRoundRobin, kLeastLoaded, kFlowAffinity };
+// Which network stack a listener uses: the kernel's through Boost.Asio, or the server's DPDK
+// port (UDP only; see DpdkConfig).
+enum class ListenerKind : uint8_t { kAsio, kDpdk };
 
 struct ListenerConfig {
   Protocol protocol = Protocol::kUdp;
+  ListenerKind kind = ListenerKind::kAsio;
   config::HostPort listen;
   FramingConfig framing;  // TCP only
   // What a client gets when its request fails (handler error, lost agent, no agent, oversize):
@@ -65,6 +75,27 @@ struct DestinationConfig {
   FramingConfig framing;
 };
 
+// The server's one DPDK port. rte_eal_init can run once per process, so a server has at most
+// one `dpdk:` section, and every `kind: dpdk` listener shares its port, its IPv4 address and its
+// queues (the listeners differ by UDP port).
+struct DpdkConfig {
+  // Arguments for rte_eal_init, after argv[0] (which is "snic_server"). "--no-pci" is added
+  // unless the arguments name a device (-a/--allow, -b/--block) or say --no-pci themselves.
+  std::vector<std::string> eal_args;
+  std::string port;  // ethdev name (rte_eth_dev_get_port_by_name); empty: the only port
+  std::string ipv4;  // dotted quad; the port answers ARP and UDP for it
+  uint32_t ipv4_be = 0;
+  uint16_t queues = 1;             // RX/TX queue pairs; each needs its own worker lcore
+  uint16_t burst = 32;             // packets per rx/tx burst
+  uint16_t rx_descriptors = 1024;  // per RX queue
+  uint16_t tx_descriptors = 1024;  // per TX queue
+  uint32_t mbufs = 8191;           // mbufs in the pool (2^n - 1 is the most efficient)
+  uint32_t mbuf_cache = 256;       // per-lcore mempool cache
+  bool checksum_offload = true;    // use the PMD's checksum offloads where it has them
+  // Worker lcores sleep this long after 1000 empty polls; 0 polls without pause.
+  uint32_t idle_sleep_us = 0;
+};
+
 struct ControlConfig {
   config::HostPort listen;
   std::string secret;
@@ -79,7 +110,11 @@ struct ServerConfig {
   std::optional<config::HostPort> metrics_listen;
   std::vector<ServiceConfig> services;
   std::vector<DestinationConfig> destinations;
+  std::optional<DpdkConfig> dpdk;
 };
+
+// Whether this build has the DPDK listener (CARACAL_HAVE_DPDK).
+bool dpdk_available();
 
 // Throws config::ConfigError naming the file, line, column and setting.
 ServerConfig load_server_config(const std::string& path);

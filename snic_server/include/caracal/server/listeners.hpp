@@ -11,6 +11,9 @@
 // the service's queues are congested (backpressure), and resumes when there is room again.
 // Malformed or oversize input closes that connection, with the reason logged (after an error
 // reply if the listener has error_reply).
+//
+// DPDK (`kind: dpdk`, dpdk_port.hpp): UDP on the server's DPDK port, with the same dispatch,
+// replies, counters and drop reasons as the Asio UDP listener.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -27,6 +30,7 @@
 namespace caracal::server {
 
 class Service;
+class DpdkPort;
 
 class Listener {
  public:
@@ -47,6 +51,7 @@ struct ListenerDeps {
   ReplyTable& replies;
   Registry& metrics;
   uint32_t io_threads = 1;
+  DpdkPort* dpdk = nullptr;  // the server's DPDK port, for `kind: dpdk` listeners
 };
 
 std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps);

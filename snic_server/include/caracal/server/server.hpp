@@ -13,6 +13,7 @@
 #include "caracal/server/config.hpp"
 #include "caracal/server/control_endpoint.hpp"
 #include "caracal/server/destinations.hpp"
+#include "caracal/server/dpdk_port.hpp"
 #include "caracal/server/engine.hpp"
 #include "caracal/server/listeners.hpp"
 #include "caracal/server/metrics.hpp"
@@ -60,6 +61,7 @@ class Server {
   std::vector<std::unique_ptr<Service>> services_;
   boost::asio::io_context io_;
   std::unique_ptr<Destinations> destinations_;
+  std::unique_ptr<DpdkPort> dpdk_;  // with a `dpdk:` section; its listeners refer to it
   std::map<std::string, std::vector<std::unique_ptr<Listener>>> listeners_;
   std::unique_ptr<ControlEndpoint> control_;
   std::unique_ptr<MetricsServer> metrics_server_;

@@ -42,6 +42,8 @@ enum class DropReason : uint8_t {
   kUnknownToken,      // a handler answered with a token it was not given
   kSendBufferFull,    // UDP send would block
   kSendFailed,        // UDP send failed
+  kReplyTooLarge,     // DPDK: a reply longer than one frame of the port's MTU carries
+  kNoMbufs,           // DPDK: the mbuf pool was empty when a reply was to be sent
   kCount,
 };
 const char* drop_reason_name(DropReason reason);

@@ -1,0 +1,647 @@
+#include "caracal/server/dpdk_port.hpp"
+
+#include <pthread.h>
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+
+#include <array>
+#include <atomic>
+#include <boost/asio/ip/udp.hpp>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "caracal/server/dpdk_packet.hpp"
+#include "caracal/server/listeners.hpp"
+#include "caracal/server/service.hpp"
+#include "listener_stats.hpp"
+
+namespace caracal::server {
+
+namespace {
+
+using udp = boost::asio::ip::udp;
+using dpdk::FrameDrop;
+using dpdk::RxFrame;
+
+// rte_eal_init may run once per process, successful or not.
+std::atomic<bool> g_eal_tried{false};
+
+constexpr uint16_t kNoBinding = 0xFFFF;
+constexpr uint32_t kEmptyPollsBeforeSleep = 1000;
+
+Status dpdk_error(const std::string& what, int err) {
+  return Status(StatusCode::kIoError, "dpdk: " + what + ": " + rte_strerror(err < 0 ? -err : err));
+}
+
+bool names_a_device(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "--no-pci" || a.rfind("-a", 0) == 0 || a.rfind("-b", 0) == 0 ||
+        a.rfind("--allow", 0) == 0 || a.rfind("--block", 0) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string mac_text(const rte_ether_addr& mac) {
+  char buf[RTE_ETHER_ADDR_FMT_SIZE];
+  rte_ether_format_addr(buf, sizeof buf, &mac);
+  return buf;
+}
+
+std::string port_names() {
+  std::string out;
+  uint16_t id = 0;
+  RTE_ETH_FOREACH_DEV(id) {
+    char name[RTE_ETH_NAME_MAX_LEN];
+    if (rte_eth_dev_get_name_by_port(id, name) == 0)
+      out += (out.empty() ? "" : ", ") + std::string(name);
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+// One dpdk listener: the UDP port it serves and where its datagrams go.
+struct DpdkBinding {
+  DpdkBinding(const ListenerConfig& c, Service& s, Registry& metrics)
+      : config(c), service(s), name(listener_name(c)), stats(metrics, s.name(), name) {}
+  ListenerConfig config;
+  Service& service;
+  std::string name;
+  ListenerStats stats;
+  // Cleared by Listener::stop() (any thread), read by the workers; relaxed: it orders nothing,
+  // datagrams that race with it are served or dropped either way.
+  std::atomic<bool> open{true};
+};
+
+class DpdkWorker;
+
+struct DpdkPortState {
+  DpdkPortState(const DpdkConfig& c, ReplyTable& r, Registry& m)
+      : config(c), replies(r), metrics(m) {
+    binding_by_udp_port.fill(kNoBinding);
+  }
+
+  DpdkConfig config;
+  ReplyTable& replies;
+  Registry& metrics;
+
+  uint16_t port_id = 0;
+  std::string port_name;
+  std::string description;
+  dpdk::PortAddress me;
+  rte_mempool* pool = nullptr;
+  uint32_t max_payload = 0;  // the longest UDP payload one frame of the MTU carries
+  bool tx_offload = false;
+  bool port_started = false;
+
+  // Written before run() launches the workers, read-only afterwards. rte_eal_remote_launch
+  // publishes them: it hands the function to the worker with a release store that the worker's
+  // acquire load pairs with (eal_thread_loop), so a worker sees every binding made before.
+  std::vector<std::unique_ptr<DpdkBinding>> bindings;
+  std::array<uint16_t, 65536> binding_by_udp_port{};
+
+  std::vector<std::shared_ptr<DpdkWorker>> workers;
+  std::vector<unsigned> lcores;
+  bool running = false;
+  // Set by stop(); the workers' acquire load pairs with its release store, and stop() then
+  // waits for them with rte_eal_wait_lcore.
+  std::atomic<bool> quit{false};
+  // Set once the workers are gone: deliver() drops what comes later.
+  std::atomic<bool> stopped{false};
+
+  std::array<Counter*, static_cast<size_t>(FrameDrop::kCount)> frame_drops{};
+  Counter* arp_replies = nullptr;
+  uint64_t mbufs_callback = 0;
+
+  void drop(FrameDrop why) { frame_drops[static_cast<size_t>(why)]->inc(); }
+};
+
+// One RX/TX queue pair and the lcore that polls it. It is the ReplySink of the requests it
+// received, so replies go back out of the queue they came in on.
+class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<DpdkWorker> {
+ public:
+  DpdkWorker(std::shared_ptr<DpdkPortState> state, uint16_t queue)
+      : state_(std::move(state)),
+        queue_(queue),
+        slot_peer_(state_->replies.capacity()),
+        rx_(state_->config.burst),
+        tx_(state_->config.burst),
+        tx_binding_(state_->config.burst) {
+    const Labels labels{{"port", state_->port_name}, {"queue", std::to_string(queue)}};
+    rx_frames_ = &state_->metrics.counter("caracal_dpdk_rx_frames_total",
+                                          "Frames the DPDK port received, by queue", labels);
+    tx_frames_ = &state_->metrics.counter("caracal_dpdk_tx_frames_total",
+                                          "Frames the DPDK port sent, by queue", labels);
+  }
+
+  // Engine thread: hands the reply to this worker's lcore. The slot's MAC and listener are
+  // read before the slot is released (after that, this lcore may give the slot to another
+  // request). They were written by this lcore before the request was dispatched; the inbox
+  // mutex between dispatch and the engine orders that write before this read.
+  void deliver(uint64_t token, const udp::endpoint& peer, Reply reply) override {
+    const SlotPeer sp = slot_peer_[split_token(token).slot];
+    state_->replies.release(token);
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
+    if (state_->stopped.load(std::memory_order_acquire)) {
+      if (reply.kind != Reply::Kind::kNoReply && sp.binding != kNoBinding) {
+        state_->bindings[sp.binding]->stats.drop(DropReason::kSendFailed);
+      }
+      return;
+    }
+    std::lock_guard lock(pending_m_);
+    pending_.push_back(PendingReply{sp, peer, std::move(reply)});
+    // Pairs with the acquire load in drain_replies(): a worker that sees the count then takes
+    // the lock, which is what orders the vector's contents.
+    pending_count_.store(static_cast<uint32_t>(pending_.size()), std::memory_order_release);
+  }
+
+  static int lcore_main(void* self) { return static_cast<DpdkWorker*>(self)->run(); }
+
+  // Replies still waiting when the workers stopped: dropped, counted.
+  void discard_pending() {
+    std::lock_guard lock(pending_m_);
+    for (const PendingReply& p : pending_) {
+      if (p.reply.kind != Reply::Kind::kNoReply) {
+        state_->bindings[p.slot.binding]->stats.drop(DropReason::kSendFailed);
+      }
+    }
+    pending_.clear();
+    pending_count_.store(0, std::memory_order_relaxed);
+  }
+
+ private:
+  struct SlotPeer {
+    rte_ether_addr mac{};
+    uint16_t binding = kNoBinding;
+  };
+  struct PendingReply {
+    SlotPeer slot;
+    udp::endpoint peer;
+    Reply reply;
+  };
+
+  int run() {
+    DpdkPortState& s = *state_;
+    if (queue_ == 0) announce();
+    // Idle sleeps are short; the default timer slack (50 us) would stretch each of them.
+    if (s.config.idle_sleep_us > 0) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    uint32_t empty_polls = 0;
+    while (!s.quit.load(std::memory_order_acquire)) {
+      const uint16_t n = rte_eth_rx_burst(s.port_id, queue_, rx_.data(), s.config.burst);
+      if (n > 0) rx_frames_->inc(n);
+      for (uint16_t i = 0; i < n; ++i)
+        on_frame(rx_[i]);
+      const bool replied = drain_replies();
+      flush();
+      // Sleep only with no request of this queue in flight: a reply is then on its way and
+      // should leave at once.
+      if (n == 0 && !replied) {
+        if (s.config.idle_sleep_us > 0 && ++empty_polls >= kEmptyPollsBeforeSleep &&
+            outstanding_.load(std::memory_order_relaxed) == 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(s.config.idle_sleep_us));
+        }
+      } else {
+        empty_polls = 0;
+      }
+    }
+    flush();
+    return 0;
+  }
+
+  // A gratuitous ARP, so that neighbours map the port's address to its MAC.
+  void announce() {
+    if (rte_mbuf* m = dpdk::build_gratuitous_arp(state_->pool, state_->me)) push(m, kNoBinding);
+    flush();
+  }
+
+  void on_frame(rte_mbuf* m) {
+    DpdkPortState& s = *state_;
+    const RxFrame f = dpdk::parse_frame(m, s.me);
+    switch (f.kind) {
+      case RxFrame::Kind::kDrop:
+        s.drop(f.drop);
+        rte_pktmbuf_free(m);
+        return;
+      case RxFrame::Kind::kArpRequest:
+        dpdk::arp_request_to_reply(m, s.me);
+        s.arp_replies->inc();
+        push(m, kNoBinding);
+        return;
+      case RxFrame::Kind::kUdp:
+        break;
+    }
+    const uint16_t b = s.binding_by_udp_port[f.dst_port];
+    if (b == kNoBinding || !s.bindings[b]->open.load(std::memory_order_relaxed)) {
+      s.drop(FrameDrop::kNoListener);
+      rte_pktmbuf_free(m);
+      return;
+    }
+    DpdkBinding& binding = *s.bindings[b];
+    binding.stats.requests.inc();
+    const udp::endpoint peer(boost::asio::ip::address_v4(rte_be_to_cpu_32(f.src_ip_be)),
+                             f.src_port);
+    const SlotPeer from{f.src_mac, b};
+    const uint32_t max = binding.service.config().max_message_bytes;
+    if (f.payload_bytes > max) {
+      rte_pktmbuf_free(m);
+      binding.stats.drop(DropReason::kOversize);
+      send_error(from, peer, "message longer than " + std::to_string(max) + " bytes");
+      return;
+    }
+    std::string bytes(f.payload_bytes, '\0');
+    const void* p = rte_pktmbuf_read(m, f.payload_offset, f.payload_bytes, bytes.data());
+    if (p != bytes.data() && f.payload_bytes > 0) memcpy(bytes.data(), p, f.payload_bytes);
+    rte_pktmbuf_free(m);
+
+    std::optional<uint64_t> token = s.replies.acquire(shared_from_this(), peer);
+    if (!token) {
+      binding.stats.drop(DropReason::kReplySlots);
+      return;
+    }
+    slot_peer_[split_token(*token).slot] = from;
+    // Counted before dispatch: the reply may be delivered (and counted down) before it returns.
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
+    switch (binding.service.dispatch(*token, std::move(bytes), flow_of(peer), false)) {
+      case DispatchStatus::kQueued:
+      case DispatchStatus::kCongested:
+        return;
+      case DispatchStatus::kFull:
+        outstanding_.fetch_sub(1, std::memory_order_relaxed);
+        s.replies.release(*token);
+        binding.stats.drop(DropReason::kQueueFull);
+        return;
+      case DispatchStatus::kNoAgent:
+        outstanding_.fetch_sub(1, std::memory_order_relaxed);
+        s.replies.release(*token);
+        binding.stats.drop(DropReason::kNoAgent);
+        send_error(from, peer, "no agent serves service " + binding.service.name());
+        return;
+    }
+  }
+
+  // Takes the replies the engine delivered and queues their frames. True if there were any.
+  bool drain_replies() {
+    // Pairs with the release store in deliver().
+    if (pending_count_.load(std::memory_order_acquire) == 0) return false;
+    {
+      std::lock_guard lock(pending_m_);
+      taken_.swap(pending_);
+      pending_count_.store(0, std::memory_order_relaxed);
+    }
+    for (PendingReply& p : taken_) {
+      DpdkBinding& binding = *state_->bindings[p.slot.binding];
+      switch (p.reply.kind) {
+        case Reply::Kind::kNoReply:
+          break;
+        case Reply::Kind::kData:
+          send(p.slot, p.peer, p.reply.bytes);
+          break;
+        case Reply::Kind::kError:
+          if (!binding.config.error_reply) binding.stats.drop(DropReason::kRequestFailed);
+          send_error(p.slot, p.peer, p.reply.bytes);
+          break;
+      }
+    }
+    taken_.clear();
+    return true;
+  }
+
+  void send_error(const SlotPeer& to, const udp::endpoint& peer, const std::string& reason) {
+    if (auto text = format_error_reply(state_->bindings[to.binding]->config, reason)) {
+      send(to, peer, *text);
+    }
+  }
+
+  void send(const SlotPeer& to, const udp::endpoint& peer, const std::string& bytes) {
+    DpdkPortState& s = *state_;
+    DpdkBinding& binding = *s.bindings[to.binding];
+    if (bytes.size() > s.max_payload) {
+      binding.stats.drop(DropReason::kReplyTooLarge);
+      return;
+    }
+    dpdk::UdpTo dst;
+    dst.dst_mac = to.mac;
+    dst.dst_ip_be = rte_cpu_to_be_32(peer.address().to_v4().to_uint());
+    dst.src_port = binding.config.listen.port;
+    dst.dst_port = peer.port();
+    rte_mbuf* m = dpdk::build_udp(
+        s.pool, s.me, dst,
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()),
+        next_ip_id_++, s.tx_offload);
+    if (m == nullptr) {
+      binding.stats.drop(DropReason::kNoMbufs);
+      return;
+    }
+    push(m, to.binding);
+  }
+
+  void push(rte_mbuf* m, uint16_t binding) {
+    tx_[tx_count_] = m;
+    tx_binding_[tx_count_] = binding;
+    if (++tx_count_ == tx_.size()) flush();
+  }
+
+  // Sends what is queued; what the TX queue does not take is freed and counted.
+  void flush() {
+    if (tx_count_ == 0) return;
+    DpdkPortState& s = *state_;
+    const uint16_t sent = rte_eth_tx_burst(s.port_id, queue_, tx_.data(), tx_count_);
+    if (sent > 0) tx_frames_->inc(sent);
+    for (uint16_t i = 0; i < sent; ++i) {
+      if (tx_binding_[i] != kNoBinding) s.bindings[tx_binding_[i]]->stats.replies.inc();
+    }
+    for (uint16_t i = sent; i < tx_count_; ++i) {
+      rte_pktmbuf_free(tx_[i]);
+      if (tx_binding_[i] != kNoBinding) {
+        s.bindings[tx_binding_[i]]->stats.drop(DropReason::kSendBufferFull);
+      }
+    }
+    tx_count_ = 0;
+  }
+
+  std::shared_ptr<DpdkPortState> state_;
+  uint16_t queue_;
+  // By reply slot: the MAC a request came from and its listener (see deliver()).
+  std::vector<SlotPeer> slot_peer_;
+
+  std::mutex pending_m_;
+  std::vector<PendingReply> pending_;  // delivered by the engine, under pending_m_
+  std::atomic<uint32_t> pending_count_{0};
+  // Requests of this queue dispatched and not yet delivered back; only steers idle sleeping,
+  // so relaxed.
+  std::atomic<int64_t> outstanding_{0};
+
+  // The lcore's own.
+  std::vector<PendingReply> taken_;
+  std::vector<rte_mbuf*> rx_;
+  std::vector<rte_mbuf*> tx_;
+  std::vector<uint16_t> tx_binding_;
+  uint16_t tx_count_ = 0;
+  uint16_t next_ip_id_ = 0;
+  Counter* rx_frames_ = nullptr;
+  Counter* tx_frames_ = nullptr;
+};
+
+namespace {
+
+class DpdkListener final : public Listener {
+ public:
+  explicit DpdkListener(DpdkBinding& binding) : binding_(binding) {}
+  Status start() override { return Status::ok_status(); }
+  // New datagrams to the port are dropped (`no_listener`); replies to requests in flight are
+  // still sent until the server stops the port.
+  void stop() override { binding_.open.store(false, std::memory_order_relaxed); }
+  void close_all() override { stop(); }
+  uint16_t port() const override { return binding_.config.listen.port; }
+  const std::string& name() const override { return binding_.name; }
+
+ private:
+  DpdkBinding& binding_;
+};
+
+// rte_eal_init pins the calling thread to the main lcore's CPU, and every thread it starts
+// afterwards would inherit that. The server's own threads (I/O, engine) are not lcores: give
+// the calling thread back the CPUs it had.
+class AffinityKeeper {
+ public:
+  AffinityKeeper() { ok_ = pthread_getaffinity_np(pthread_self(), sizeof set_, &set_) == 0; }
+  ~AffinityKeeper() {
+    if (ok_) pthread_setaffinity_np(pthread_self(), sizeof set_, &set_);
+  }
+
+ private:
+  cpu_set_t set_{};
+  bool ok_ = false;
+};
+
+Status init_eal(const DpdkConfig& c) {
+  if (g_eal_tried.exchange(true)) {
+    return Status(StatusCode::kInvalidArgument,
+                  "dpdk: the EAL was already initialised in this process (rte_eal_init runs "
+                  "once per process: one dpdk section per server)");
+  }
+  std::vector<std::string> args{"snic_server"};
+  args.insert(args.end(), c.eal_args.begin(), c.eal_args.end());
+  if (!names_a_device(c.eal_args)) args.emplace_back("--no-pci");
+  std::vector<char*> argv;
+  std::string joined;
+  for (std::string& a : args) {
+    argv.push_back(a.data());
+    joined += (joined.empty() ? "" : " ") + a;
+  }
+  argv.push_back(nullptr);
+  spdlog::info("dpdk: rte_eal_init {}", joined);
+  AffinityKeeper keep;
+  if (rte_eal_init(static_cast<int>(args.size()), argv.data()) < 0) {
+    return dpdk_error(
+        "rte_eal_init failed (EAL arguments: " + joined + "; see the EAL lines above)", rte_errno);
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+DpdkPort::DpdkPort(std::shared_ptr<DpdkPortState> state) : state_(std::move(state)) {}
+
+DpdkPort::~DpdkPort() {
+  stop();
+}
+
+const std::string& DpdkPort::description() const {
+  return state_->description;
+}
+
+Result<std::unique_ptr<DpdkPort>> DpdkPort::open(const DpdkConfig& config, ReplyTable& replies,
+                                                 Registry& metrics) {
+  if (Status st = init_eal(config); !st.ok()) return st;
+  auto state = std::make_shared<DpdkPortState>(config, replies, metrics);
+  std::unique_ptr<DpdkPort> port(new DpdkPort(state));  // stop() cleans up on failure
+  DpdkPortState& s = *state;
+
+  // The port.
+  if (config.port.empty()) {
+    if (rte_eth_dev_count_avail() != 1) {
+      return invalid_argument(
+          "dpdk: " + std::to_string(rte_eth_dev_count_avail()) + " ethdev ports (" + port_names() +
+          "): name one with dpdk.port, or give the EAL one device (--vdev or -a)");
+    }
+    RTE_ETH_FOREACH_DEV(s.port_id) break;
+  } else if (rte_eth_dev_get_port_by_name(config.port.c_str(), &s.port_id) != 0) {
+    return invalid_argument("dpdk: no ethdev port named '" + config.port +
+                            "' (there are: " + port_names() + ")");
+  }
+  char name[RTE_ETH_NAME_MAX_LEN] = {};
+  rte_eth_dev_get_name_by_port(s.port_id, name);
+  s.port_name = name;
+
+  rte_eth_dev_info info{};
+  if (int rc = rte_eth_dev_info_get(s.port_id, &info); rc != 0)
+    return dpdk_error("dev_info_get", rc);
+  const uint16_t q = config.queues;
+  if (q > info.max_rx_queues || q > info.max_tx_queues) {
+    return invalid_argument("dpdk: queues: " + std::to_string(q) + " but " + s.port_name + " (" +
+                            info.driver_name + ") has at most " +
+                            std::to_string(std::min(info.max_rx_queues, info.max_tx_queues)) +
+                            " (for net_af_packet, give qpairs=N in its --vdev)");
+  }
+  for (unsigned lcore = rte_get_next_lcore(-1, 1, 0); lcore < RTE_MAX_LCORE && s.lcores.size() < q;
+       lcore = rte_get_next_lcore(lcore, 1, 0)) {
+    s.lcores.push_back(lcore);
+  }
+  if (s.lcores.size() < q) {
+    return invalid_argument("dpdk: queues: " + std::to_string(q) + " needs " + std::to_string(q) +
+                            " worker lcores but the EAL has " +
+                            std::to_string(rte_lcore_count() - 1) +
+                            " (the first lcore of -l/--lcores is the main one and polls no queue)");
+  }
+
+  rte_eth_conf conf{};
+  std::string rss = "no RSS";
+  if (q > 1) {
+    const uint64_t want = RTE_ETH_RSS_IPV4 | RTE_ETH_RSS_NONFRAG_IPV4_UDP;
+    const uint64_t hf = want & info.flow_type_rss_offloads;
+    if (hf != 0) {
+      conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
+      conf.rx_adv_conf.rss_conf.rss_hf = hf;
+      rss = "RSS";
+    } else {
+      rss = "no RSS (the PMD spreads flows, if at all)";
+    }
+  }
+  const uint64_t rx_ck = RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
+  const uint64_t tx_ck = RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
+  const bool rx_offload = config.checksum_offload && (info.rx_offload_capa & rx_ck) == rx_ck;
+  s.tx_offload = config.checksum_offload && (info.tx_offload_capa & tx_ck) == tx_ck;
+  if (rx_offload) conf.rxmode.offloads |= rx_ck;
+  if (s.tx_offload) conf.txmode.offloads |= tx_ck;
+  if (int rc = rte_eth_dev_configure(s.port_id, q, q, &conf); rc != 0) {
+    return dpdk_error("configuring " + s.port_name + " with " + std::to_string(q) + " queue(s)",
+                      rc);
+  }
+
+  uint16_t mtu = RTE_ETHER_MTU;
+  rte_eth_dev_get_mtu(s.port_id, &mtu);
+  const uint32_t data_room = std::max<uint32_t>(
+      RTE_MBUF_DEFAULT_DATAROOM, uint32_t{mtu} + RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN);
+  s.max_payload = std::min<uint32_t>(mtu, data_room - RTE_ETHER_HDR_LEN) - 28;
+  const int socket =
+      rte_eth_dev_socket_id(s.port_id) < 0 ? SOCKET_ID_ANY : rte_eth_dev_socket_id(s.port_id);
+  s.pool = rte_pktmbuf_pool_create("caracal_mbufs", config.mbufs, config.mbuf_cache, 0,
+                                   static_cast<uint16_t>(data_room + RTE_PKTMBUF_HEADROOM), socket);
+  if (s.pool == nullptr) {
+    return dpdk_error("creating a pool of " + std::to_string(config.mbufs) +
+                          " mbufs (give the EAL more memory with -m, or ask for fewer mbufs)",
+                      rte_errno);
+  }
+  uint16_t rxd = config.rx_descriptors;
+  uint16_t txd = config.tx_descriptors;
+  rte_eth_dev_adjust_nb_rx_tx_desc(s.port_id, &rxd, &txd);
+  for (uint16_t i = 0; i < q; ++i) {
+    rte_eth_rxconf rxc = info.default_rxconf;
+    rxc.offloads = conf.rxmode.offloads;
+    if (int rc = rte_eth_rx_queue_setup(s.port_id, i, rxd, socket, &rxc, s.pool); rc != 0) {
+      return dpdk_error("RX queue " + std::to_string(i) + " setup", rc);
+    }
+    rte_eth_txconf txc = info.default_txconf;
+    txc.offloads = conf.txmode.offloads;
+    if (int rc = rte_eth_tx_queue_setup(s.port_id, i, txd, socket, &txc); rc != 0) {
+      return dpdk_error("TX queue " + std::to_string(i) + " setup", rc);
+    }
+  }
+  if (int rc = rte_eth_dev_start(s.port_id); rc != 0)
+    return dpdk_error("starting " + s.port_name, rc);
+  s.port_started = true;
+  rte_eth_macaddr_get(s.port_id, &s.me.mac);
+  s.me.ipv4_be = config.ipv4_be;
+
+  const Labels labels{{"port", s.port_name}};
+  for (size_t i = 0; i < s.frame_drops.size(); ++i) {
+    Labels l = labels;
+    l.emplace_back("reason", dpdk::frame_drop_name(static_cast<FrameDrop>(i)));
+    s.frame_drops[i] =
+        &metrics.counter("caracal_dpdk_drops_total",
+                         "Frames the DPDK port dropped before any listener, by reason", l);
+  }
+  s.arp_replies = &metrics.counter("caracal_dpdk_arp_replies_total",
+                                   "ARP requests for the port's address that it answered", labels);
+  metrics.gauge("caracal_dpdk_mbufs", "mbufs in the DPDK port's pool", labels).set(config.mbufs);
+  rte_mempool* pool = s.pool;
+  s.mbufs_callback = metrics.gauge_callback(
+      "caracal_dpdk_mbufs_available",
+      "mbufs in the DPDK port's pool that nothing holds (the rest: RX rings and packets in hand)",
+      labels, [pool] { return static_cast<double>(rte_mempool_avail_count(pool)); });
+
+  s.description = s.port_name + " (" + info.driver_name + ") " + config.ipv4 + " " +
+                  mac_text(s.me.mac) + " mtu " + std::to_string(mtu) + ", " + std::to_string(q) +
+                  " queue(s) on lcore(s)";
+  for (unsigned l : s.lcores)
+    s.description += " " + std::to_string(l);
+  s.description += ", " + rss + ", checksums: RX " + (rx_offload ? "offloaded" : "software") +
+                   ", TX " + (s.tx_offload ? "offloaded" : "software");
+  for (uint16_t i = 0; i < q; ++i)
+    s.workers.push_back(std::make_shared<DpdkWorker>(state, i));
+  return port;
+}
+
+std::unique_ptr<Listener> DpdkPort::make_listener(const ListenerConfig& config, Service& service) {
+  DpdkPortState& s = *state_;
+  if (s.running) throw std::logic_error("dpdk listeners are made before the port runs");
+  if (s.bindings.size() >= kNoBinding) throw std::invalid_argument("too many dpdk listeners");
+  s.bindings.push_back(std::make_unique<DpdkBinding>(config, service, s.metrics));
+  s.binding_by_udp_port[config.listen.port] = static_cast<uint16_t>(s.bindings.size() - 1);
+  return std::make_unique<DpdkListener>(*s.bindings.back());
+}
+
+Status DpdkPort::run() {
+  DpdkPortState& s = *state_;
+  if (s.running) return Status::ok_status();
+  for (size_t i = 0; i < s.workers.size(); ++i) {
+    if (int rc = rte_eal_remote_launch(&DpdkWorker::lcore_main, s.workers[i].get(), s.lcores[i]);
+        rc != 0) {
+      stop();
+      return dpdk_error("launching the worker of queue " + std::to_string(i) + " on lcore " +
+                            std::to_string(s.lcores[i]),
+                        rc);
+    }
+    s.running = true;
+  }
+  s.running = true;
+  return Status::ok_status();
+}
+
+void DpdkPort::stop() {
+  if (!state_) return;
+  DpdkPortState& s = *state_;
+  if (s.stopped.exchange(true, std::memory_order_acq_rel)) return;
+  s.quit.store(true, std::memory_order_release);  // pairs with the workers' acquire load
+  for (unsigned lcore : s.lcores)
+    rte_eal_wait_lcore(lcore);
+  for (auto& w : s.workers)
+    w->discard_pending();
+  if (s.mbufs_callback != 0) s.metrics.remove_callback(s.mbufs_callback);
+  if (s.port_started) {
+    rte_eth_dev_stop(s.port_id);
+    rte_eth_dev_close(s.port_id);
+  }
+  // Closing the port freed what its rings held; every other mbuf was sent or freed by the
+  // workers, so the pool is whole again.
+  if (s.pool != nullptr) {
+    const unsigned in_use = rte_mempool_in_use_count(s.pool);
+    if (in_use != 0) spdlog::warn("dpdk: {} mbuf(s) not returned to the pool at stop", in_use);
+    rte_mempool_free(s.pool);
+    s.pool = nullptr;
+  }
+}
+
+}  // namespace caracal::server

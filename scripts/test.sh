@@ -43,7 +43,7 @@ ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs" --timeout 600)
 if [ -n "$sanitize" ]; then
   # The rdma tests run in an emulated VM (scripts/rxe-vm.sh): sanitized, they would take far
   # too long there, and the VM's kernel, not this build, is what they exercise.
-  ctest_args+=(-LE '^rdma$')
+  skip_labels="rdma${skip_labels:+|$skip_labels}"
 fi
 if [ -n "$labels" ]; then
   # Each label has a target that builds what its tests run (tests/CMakeLists.txt). Labels are
@@ -55,6 +55,7 @@ if [ -n "$labels" ]; then
   ctest_args+=(-L "^($labels)\$")
 fi
 if [ -n "$skip_labels" ]; then
+  # One -LE (ctest keeps only the last one given).
   ctest_args+=(-LE "^($skip_labels)\$")
 fi
 

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -47,13 +48,35 @@ AcceleratorSetting parse_accelerator(const Field& f, const AcceleratorCheck& che
 }
 
 TransportKind parse_transport(const Field& f) {
-  const std::string v = f.as_string();
-  if (v == "rdma") {
+  const TransportKind t = f.as_choice<TransportKind>({{"shm", TransportKind::kShm},
+                                                      {"auto", TransportKind::kShm},
+                                                      {"rdma", TransportKind::kRdma}});
+#ifndef CARACAL_HAVE_RDMA
+  if (t == TransportKind::kRdma) {
     f.fail(
-        "transport 'rdma' is not supported by the agent yet; use 'shm' (or 'auto') with a "
-        "server on this host");
+        "transport 'rdma' is not available: this agent was built without rdma-core (libibverbs, "
+        "librdmacm); use 'shm' with a server on this host");
   }
-  return f.as_choice<TransportKind>({{"auto", TransportKind::kAuto}, {"shm", TransportKind::kShm}});
+#endif
+  return t;
+}
+
+RdmaAgentConfig parse_rdma(const Field& f) {
+  f.allow_only({"bind_address", "port", "max_connections"});
+  RdmaAgentConfig r;
+  const Field bind = f.required("bind_address");
+  r.bind_address = bind.as_string();
+  if (r.bind_address.empty() || r.bind_address == "0.0.0.0" || r.bind_address == "::" ||
+      r.bind_address.find_first_of(" \t/") != std::string::npos) {
+    bind.fail("'" + r.bind_address +
+              "' is not an address the server can connect to: give the IP address of an RDMA "
+              "device (its netdev's address)");
+  }
+  if (auto v = f.optional("port")) r.port = static_cast<uint16_t>(v->as_uint(0, 65535));
+  if (auto v = f.optional("max_connections")) {
+    r.max_connections = static_cast<uint32_t>(v->as_uint(1, 1024));
+  }
+  return r;
 }
 
 accel::CpuOptions parse_cpu(const Field& f) {
@@ -175,7 +198,7 @@ bool is_valid_name(std::string_view name) {
 }
 
 AgentConfig parse_agent_config(const Field& root, const AcceleratorCheck& check) {
-  root.allow_only({"agent", "server", "secret", "secret_file", "accelerator", "transport",
+  root.allow_only({"agent", "server", "secret", "secret_file", "accelerator", "transport", "rdma",
                    "log_level", "cpu", "gpu", "reconnect_interval_ms", "services"});
   AgentConfig c;
   c.agent = name_of(root.required("agent"), "agent");
@@ -186,7 +209,15 @@ AgentConfig parse_agent_config(const Field& root, const AcceleratorCheck& check)
   c.secret = control::read_secret(root);
 
   if (auto v = root.optional("accelerator")) c.accelerator = parse_accelerator(*v, check);
-  if (auto v = root.optional("transport")) c.transport = parse_transport(*v);
+  const std::optional<Field> transport = root.optional("transport");
+  if (transport) c.transport = parse_transport(*transport);
+  const std::optional<Field> rdma = root.optional("rdma");
+  if (c.transport == TransportKind::kRdma) {
+    if (!rdma) transport->fail("transport 'rdma' needs an 'rdma:' section with bind_address");
+    c.rdma = parse_rdma(*rdma);
+  } else if (rdma) {
+    rdma->fail("'rdma' settings need 'transport: rdma'");
+  }
   if (auto v = root.optional("log_level")) {
     c.log_level = v->as_string();
     static const std::set<std::string> levels{"trace", "debug", "info", "warn", "error", "off"};

@@ -17,6 +17,12 @@
 
 #include "caracal/control/protocol.hpp"
 #include "caracal/host_init/shm_region.hpp"
+#include "caracal/mqueue/validate.hpp"
+#ifdef CARACAL_HAVE_RDMA
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+#include "caracal/mqueue/rdma.hpp"
+#endif
 
 namespace caracal::host {
 namespace {
@@ -136,12 +142,72 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;
 };
 
-// One region with the accelerator serving it. The accelerator is declared after the region,
-// so it is stopped (destroyed) before the region is unmapped.
+#ifdef CARACAL_HAVE_RDMA
+// transport rdma: a region's exporter and the watch on its event fd, serviced by the runtime's
+// event loop (accepting the server's connections, cleaning up after disconnects). The watch
+// gives the fd back (release) before the exporter closes it.
+class ExporterWatch {
+ public:
+  ExporterWatch(asio::io_context& io, std::unique_ptr<mqueue::RdmaRegionExporter> exporter,
+                std::string service)
+      : exporter_(std::move(exporter)),
+        events_(io, exporter_->event_fd()),
+        service_(std::move(service)) {
+    arm();
+  }
+  ExporterWatch(const ExporterWatch&) = delete;
+  ExporterWatch& operator=(const ExporterWatch&) = delete;
+  ~ExporterWatch() {
+    boost::system::error_code ignored;
+    events_.cancel(ignored);
+    (void)events_.release();
+  }
+  mqueue::RdmaRegionExporter& exporter() { return *exporter_; }
+
+ private:
+  void arm() {
+    // The handler of a cancelled wait runs after this object is gone: it touches nothing then.
+    events_.async_wait(
+        asio::posix::stream_descriptor::wait_read, [this](const boost::system::error_code& ec) {
+          if (ec) return;
+          const uint32_t before = exporter_->connections();
+          if (Status s = exporter_->poll(); !s.ok()) {
+            spdlog::warn("service '{}': rdma: {}", service_, s.message());
+          }
+          const uint32_t after = exporter_->connections();
+          if (after != before) {
+            spdlog::info("service '{}': rdma: {} server connection(s)", service_, after);
+          }
+          arm();
+        });
+  }
+
+  std::unique_ptr<mqueue::RdmaRegionExporter> exporter_;
+  asio::posix::stream_descriptor events_;
+  std::string service_;
+};
+#endif
+
+// One region with the accelerator serving it. The accelerator is declared last, so it is
+// stopped (destroyed) before the exporter deregisters the region and before it is unmapped.
 struct ServedRegion {
   const ServiceConfig* service = nullptr;
-  NamedShmRegion region;
+  NamedShmRegion region;      // transport shm
+  mqueue::ShmMapping memory;  // transport rdma: host memory (an anonymous memfd mapping)
+#ifdef CARACAL_HAVE_RDMA
+  std::unique_ptr<ExporterWatch> rdma;
+#endif
   std::unique_ptr<ServingAccelerator> accelerator;
+
+  std::byte* data() const {
+    return memory.data() != nullptr ? memory.data() : region.data();
+  }
+  uint64_t bytes() const {
+    return memory.data() != nullptr ? memory.size() : region.bytes();
+  }
+  const mqueue::RegionHeader& header() const {
+    return *reinterpret_cast<const mqueue::RegionHeader*>(data());
+  }
 };
 
 // Everything one registration created. Stopping it stops every accelerator, then unmaps the
@@ -282,27 +348,89 @@ std::shared_ptr<Connection> AgentRuntime::Impl::connect() {
 
 Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t epoch,
                                          Session& session) {
-  const std::string name = region_shm_name(config.agent, pid, service.name);
-  Result<NamedShmRegion> region = NamedShmRegion::create(name, service.geometry(), epoch);
-  if (!region.ok()) {
-    return Status(
-        region.status().code(),
-        "service '" + service.name + "': cannot create its region: " + region.status().message());
+  ServedRegion served;
+  served.service = &service;
+  if (config.transport == TransportKind::kShm) {
+    const std::string name = region_shm_name(config.agent, pid, service.name);
+    Result<NamedShmRegion> region = NamedShmRegion::create(name, service.geometry(), epoch);
+    if (!region.ok()) {
+      return Status(
+          region.status().code(),
+          "service '" + service.name + "': cannot create its region: " + region.status().message());
+    }
+    served.region = std::move(region).value();
+  } else {
+    // rdma: the region in host memory (a memfd mapping, so it shows in /proc/PID/fd), written
+    // before the exporter registers it and before the announcement: plain stores suffice.
+    const mqueue::RegionGeometry g = service.geometry();
+    if (Status s = mqueue::validate_geometry(g); !s.ok()) return s;
+    const mqueue::RegionHeader header = mqueue::compute_layout(g, epoch);
+    Result<mqueue::ShmMapping> m = mqueue::ShmMapping::create_memfd(
+        "caracal-" + config.agent + "-" + service.name, header.region_bytes);
+    if (!m.ok()) {
+      return Status(
+          m.status().code(),
+          "service '" + service.name + "': cannot allocate its region: " + m.status().message());
+    }
+    served.memory = std::move(m).value();
+    mqueue::initialize_region(served.memory.data(), header);
   }
   StartResult serving = Status(StatusCode::kInternal, "no backend for " + accelerator.str());
   if (accelerator.kind == AcceleratorKind::kCpu && backends.cpu) {
-    serving = backends.cpu(region->view(), config.cpu);
+    serving = backends.cpu(mqueue::RegionView(served.data()), config.cpu);
   } else if (accelerator.kind == AcceleratorKind::kGpu && backends.gpu) {
-    serving = backends.gpu->start(region->data(), region->bytes(), accelerator.gpu, config.gpu);
+    serving = backends.gpu->start(served.data(), served.bytes(), accelerator.gpu, config.gpu);
   }
   if (!serving.ok()) {
     return Status(serving.status().code(), "service '" + service.name + "': cannot start the " +
                                                accelerator.str() +
                                                " accelerator: " + serving.status().message());
   }
-  spdlog::info("service '{}': serving on {}", service.name, (*serving)->describe());
-  session.add(ServedRegion{&service, std::move(region).value(), std::move(serving).value()});
+  served.accelerator = std::move(serving).value();
+#ifdef CARACAL_HAVE_RDMA
+  if (config.transport == TransportKind::kRdma) {
+    mqueue::RdmaExportOptions o;
+    o.bind_address = config.rdma.bind_address;
+    o.port = config.rdma.port;
+    o.max_connections = config.rdma.max_connections;
+    Result<std::unique_ptr<mqueue::RdmaRegionExporter>> x = mqueue::RdmaRegionExporter::listen(
+        o, mqueue::RdmaMemory{mqueue::RdmaMemory::Kind::kHost, served.memory.data(),
+                              served.memory.size(), -1, 0});
+    if (!x.ok()) {
+      (void)served.accelerator->stop();
+      return Status(x.status().code(),
+                    "service '" + service.name + "': rdma: " + x.status().message());
+    }
+    served.rdma = std::make_unique<ExporterWatch>(io, std::move(x).value(), service.name);
+    mqueue::RdmaRegionExporter& e = served.rdma->exporter();
+    spdlog::info("service '{}': region of {} bytes exported over rdma on {}:{} (device {}, {})",
+                 service.name, served.bytes(), config.rdma.bind_address, e.port(), e.device_name(),
+                 e.registration());
+  }
+#endif
+  spdlog::info("service '{}': serving on {}", service.name, served.accelerator->describe());
+  session.add(std::move(served));
   return Status::ok_status();
+}
+
+// The announcement of a started service's region.
+static control::RegionAnnounce announcement(const AgentConfig& config, const ServiceConfig& s,
+                                            ServedRegion& served) {
+  control::RegionAnnounce a{s.name, "shm", served.region.name(), served.bytes(), s.destinations()};
+#ifdef CARACAL_HAVE_RDMA
+  if (config.transport == TransportKind::kRdma) {
+    const mqueue::RdmaRegionAddress x = served.rdma->exporter().exported();
+    a.transport = "rdma";
+    a.shm_name.clear();
+    a.rdma_host = config.rdma.bind_address;
+    a.rdma_port = served.rdma->exporter().port();
+    a.rdma_address = x.address;
+    a.rdma_rkey = x.rkey;
+  }
+#else
+  (void)config;
+#endif
+  return a;
 }
 
 void AgentRuntime::Impl::goodbye(Connection& conn, Session& session) {
@@ -369,8 +497,7 @@ Outcome AgentRuntime::Impl::serve(Connection& conn) {
         goodbye(conn, session);
         return fatal(st);
       }
-      const NamedShmRegion& r = session.back().region;
-      conn.send(control::RegionAnnounce{s.name, "shm", r.name(), r.bytes(), s.destinations()});
+      conn.send(announcement(config, s, session.back()));
       awaiting = true;
     }
 
@@ -393,12 +520,15 @@ Outcome AgentRuntime::Impl::serve(Connection& conn) {
         if (Status st = served.region.unlink(); !st.ok()) {
           spdlog::warn("service '{}': {}", a->service, st.message());
         }
-        const mqueue::RegionHeader& h = served.region.header();
+        const mqueue::RegionHeader& h = served.header();
         spdlog::info(
             "service '{}' attached: region {} ({} bytes, {} server queue(s), {} client "
-            "queue(s), {} slots of {} bytes); name removed",
-            a->service, served.region.name(), served.region.bytes(), h.server_queue_count,
-            h.client_queue_count, h.ring_capacity, h.slot_bytes);
+            "queue(s), {} slots of {} bytes){}",
+            a->service,
+            config.transport == TransportKind::kShm ? served.region.name() : "in host memory",
+            served.bytes(), h.server_queue_count, h.client_queue_count, h.ring_capacity,
+            h.slot_bytes,
+            config.transport == TransportKind::kShm ? "; name removed" : ", transport rdma");
         awaiting = false;
         ++next_service;
         if (next_service == config.services.size()) {
@@ -463,10 +593,10 @@ Status AgentRuntime::Impl::run() {
       spdlog::warn("{}", w);
   }
   spdlog::info(
-      "agent '{}' (pid {}): {} service(s) on accelerator {} (configured: {}), transport shm, "
+      "agent '{}' (pid {}): {} service(s) on accelerator {} (configured: {}), transport {}, "
       "server {}",
       config.agent, pid, config.services.size(), described, config.accelerator.str(),
-      config.server.str());
+      config.transport == TransportKind::kShm ? "shm" : "rdma", config.server.str());
 
   bool unreachable_logged = false;
   while (!stop_requested) {

@@ -15,7 +15,8 @@ namespace {
 using config::Field;
 
 ControlConfig parse_control(const Field& f) {
-  f.allow_only({"listen", "secret", "secret_file", "heartbeat_interval_ms", "agent_timeout_ms"});
+  f.allow_only({"listen", "secret", "secret_file", "heartbeat_interval_ms", "agent_timeout_ms",
+                "rdma_connect_timeout_ms", "rdma_reconnect_max_ms"});
   ControlConfig c;
   c.listen = config::as_host_port(f.required("listen"));
   c.secret = control::read_secret(f);
@@ -24,6 +25,12 @@ ControlConfig parse_control(const Field& f) {
   }
   if (auto v = f.optional("agent_timeout_ms")) {
     c.agent_timeout_ms = static_cast<uint32_t>(v->as_uint(1, 600'000));
+  }
+  if (auto v = f.optional("rdma_connect_timeout_ms")) {
+    c.rdma_connect_timeout_ms = static_cast<uint32_t>(v->as_uint(10, 60'000));
+  }
+  if (auto v = f.optional("rdma_reconnect_max_ms")) {
+    c.rdma_reconnect_max_ms = static_cast<uint32_t>(v->as_uint(100, 600'000));
   }
   if (c.agent_timeout_ms <= c.heartbeat_interval_ms) {
     f.fail("agent_timeout_ms (" + std::to_string(c.agent_timeout_ms) +

@@ -6,7 +6,10 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+#include <condition_variable>
 #include <deque>
+#include <functional>
+#include <thread>
 
 #include "caracal/control/protocol.hpp"
 #include "caracal/server/listeners.hpp"
@@ -17,6 +20,54 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using boost::system::error_code;
 using Clock = std::chrono::steady_clock;
+
+// One thread that runs blocking jobs (rdma connects) in order, off the I/O threads. stop()
+// drops what has not started and joins the running job.
+class BlockingWorker {
+ public:
+  BlockingWorker() : thread_([this] { run(); }) {}
+  ~BlockingWorker() { stop(); }
+
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard lock(m_);
+      if (stopping_) return;
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(m_);
+      stopping_ = true;
+      jobs_.clear();
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(m_);
+        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (stopping_) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
 
 class ControlSession : public std::enable_shared_from_this<ControlSession> {
  public:
@@ -164,6 +215,11 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
         return refuse_region(r.service, what + ": this agent already serves the service");
       }
     }
+    if (r.transport == "rdma" && !control::rdma_available()) {
+      return refuse_region(r.service, what +
+                                          ": transport rdma: this server was built without "
+                                          "rdma-core (libibverbs, librdmacm)");
+    }
     for (size_t c = 0; c < r.destinations.size(); ++c) {
       if (!ep_.destinations_.has(r.destinations[c])) {
         return refuse_region(
@@ -172,39 +228,150 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
                            ")");
       }
     }
+    if (r.transport == "rdma") {
+      if (rdma_.contains(r.service)) {
+        return refuse_region(r.service, what + ": this agent already serves the service");
+      }
+      rdma_[r.service] =
+          RdmaState{r, svc->second, std::make_shared<asio::steady_timer>(socket_.get_executor())};
+      spdlog::info("{}: {}: connecting to rdma {}:{}", origin_, what, r.rdma_host, r.rdma_port);
+      connect_rdma(r.service, /*first=*/true);
+      return;
+    }
     Result<std::unique_ptr<RegionBinding>> binding = bind_shm_region(r.shm_name, r.region_bytes);
-    if (!binding.ok()) return refuse_region(r.service, what + ": " + binding.status().message());
+    admit(r, svc->second, std::move(binding), /*first=*/true);
+  }
+
+  // rdma: connects and attaches on the endpoint's connect thread, then admits (or retries)
+  // back on this session's strand.
+  void connect_rdma(const std::string& service, bool first) {
+    const RdmaState& st = rdma_.at(service);
+    RdmaRegionTarget target{st.announce.rdma_host,
+                            st.announce.rdma_port,
+                            st.announce.rdma_address,
+                            st.announce.rdma_rkey,
+                            st.announce.region_bytes,
+                            std::chrono::milliseconds(ep_.config_.control.rdma_connect_timeout_ms)};
+    ep_.worker_->submit([self = shared_from_this(), target, service, first] {
+      auto binding =
+          std::make_shared<Result<std::unique_ptr<RegionBinding>>>(bind_rdma_region(target));
+      asio::post(self->socket_.get_executor(), [self, service, first, binding] {
+        self->rdma_connected(service, first, std::move(*binding));
+      });
+    });
+  }
+
+  void rdma_connected(const std::string& service, bool first,
+                      Result<std::unique_ptr<RegionBinding>> binding) {
+    auto it = rdma_.find(service);
+    if (closed_ || detaching_ || it == rdma_.end()) return;  // dropped meanwhile
+    RdmaState& st = it->second;
+    if (first) {
+      if (!admit(st.announce, st.service, std::move(binding), true)) rdma_.erase(it);
+      return;
+    }
+    const std::string what = "agent '" + hello_.agent + "' region for service '" + service + "'";
+    if (!binding.ok()) {
+      ep_.rdma_reconnect_failures_.inc();
+      spdlog::warn("{}: {}: reconnect {} failed: {}; next try in {} ms", origin_, what, st.attempts,
+                   binding.status().message(), st.backoff.count());
+      schedule_reconnect(service);
+      return;
+    }
+    if (admit(st.announce, st.service, std::move(binding), false)) {
+      ep_.rdma_reconnects_.inc();
+      st.backoff = std::chrono::milliseconds(0);
+      st.attempts = 0;
+    } else {
+      rdma_.erase(it);  // admit logged why (a region that changed under us): no more tries
+    }
+  }
+
+  // The engine dropped a region for a fault (engine thread -> posted here).
+  void on_region_fault(const AgentRegion* region, const std::string& fault) {
+    auto it = std::find_if(regions_.begin(), regions_.end(),
+                           [&](const auto& r) { return r.get() == region; });
+    if (closed_ || it == regions_.end()) return;
+    const std::string service = (*it)->service()->name();
+    regions_.erase(it);
+    if (detaching_ || !rdma_.contains(service)) return;
+    spdlog::warn(
+        "{}: agent '{}' region for service '{}' left dispatch ({}); the agent is still "
+        "registered: reconnecting",
+        origin_, hello_.agent, service, fault);
+    schedule_reconnect(service);
+  }
+
+  void schedule_reconnect(const std::string& service) {
+    RdmaState& st = rdma_.at(service);
+    const auto max = std::chrono::milliseconds(ep_.config_.control.rdma_reconnect_max_ms);
+    st.backoff =
+        st.backoff.count() == 0 ? std::chrono::milliseconds(100) : std::min(st.backoff * 2, max);
+    ++st.attempts;
+    st.timer->expires_after(st.backoff);
+    st.timer->async_wait([self = shared_from_this(), service](error_code ec) {
+      if (ec || self->closed_ || self->detaching_ || !self->rdma_.contains(service)) return;
+      self->connect_rdma(service, /*first=*/false);
+    });
+  }
+
+  // Checks a bound region against the hello and the announcement and puts it into dispatch.
+  // `first`: answer the announcement (attached or refused); otherwise a re-admission after a
+  // reconnect, logged. Returns whether the region is in dispatch.
+  bool admit(const control::RegionAnnounce& r, Service* svc,
+             Result<std::unique_ptr<RegionBinding>> binding, bool first) {
+    const std::string what = "agent '" + hello_.agent + "' region for service '" + r.service + "'";
+    auto refuse = [&](const std::string& message) {
+      if (first) {
+        refuse_region(r.service, message);
+      } else {
+        spdlog::error("{}: {}; not re-admitted", origin_, message);
+      }
+      return false;
+    };
+    if (!binding.ok()) return refuse(what + ": " + binding.status().message());
     const mqueue::RegionHeader& h = (*binding)->header();
     if (h.agent_epoch != hello_.epoch) {
-      return refuse_region(r.service,
-                           what + ": the region's epoch " + std::to_string(h.agent_epoch) +
-                               " is not the agent's epoch " + std::to_string(hello_.epoch));
+      return refuse(what + ": the region's epoch " + std::to_string(h.agent_epoch) +
+                    " is not the agent's epoch " + std::to_string(hello_.epoch));
     }
     if (h.client_queue_count != r.destinations.size()) {
-      return refuse_region(r.service,
-                           what + ": the region has " + std::to_string(h.client_queue_count) +
-                               " client queues but " + std::to_string(r.destinations.size()) +
-                               " destinations were named");
+      return refuse(what + ": the region has " + std::to_string(h.client_queue_count) +
+                    " client queues but " + std::to_string(r.destinations.size()) +
+                    " destinations were named");
     }
-    auto region = std::make_shared<AgentRegion>(hello_.agent, hello_.epoch, svc->second,
-                                                std::move(binding).value());
+    auto region =
+        std::make_shared<AgentRegion>(hello_.agent, hello_.epoch, svc, std::move(binding).value());
     std::vector<std::shared_ptr<ClientLink>> links;
     for (uint32_t c = 0; c < h.client_queue_count; ++c) {
       links.push_back(ep_.destinations_.make_link(
           r.destinations[c], region->inbox_ptr(mqueue::client_queue_index(h, c))));
     }
     region->set_links(std::move(links));
-    if (Status s = svc->second->add(region); !s.ok()) {
-      return refuse_region(r.service, what + ": " + s.message());
+    if (r.transport == "rdma") {
+      std::weak_ptr<ControlSession> weak = weak_from_this();
+      const AgentRegion* raw = region.get();
+      region->set_on_fault([weak, raw](const std::string& fault) {
+        if (auto self = weak.lock()) {
+          asio::post(self->socket_.get_executor(),
+                     [self, raw, fault] { self->on_region_fault(raw, fault); });
+        }
+      });
     }
+    if (Status s = svc->add(region); !s.ok()) return refuse(what + ": " + s.message());
     ep_.engine_.attach(region);
     regions_.push_back(region);
-    spdlog::info(
-        "{}: {} attached: {} server queue(s), {} client queue(s), {} slots of {} B, "
-        "messages up to {} B",
-        origin_, what, h.server_queue_count, h.client_queue_count, h.ring_capacity, h.slot_bytes,
-        h.max_message_bytes);
-    send(control::Attached{r.service});
+    if (first) {
+      spdlog::info(
+          "{}: {} attached: {} server queue(s), {} client queue(s), {} slots of {} B, "
+          "messages up to {} B, transport {}",
+          origin_, what, h.server_queue_count, h.client_queue_count, h.ring_capacity, h.slot_bytes,
+          h.max_message_bytes, r.transport);
+      send(control::Attached{r.service});
+    } else {
+      spdlog::info("{}: {} re-admitted after an rdma reconnect", origin_, what);
+    }
+    return true;
   }
 
   void refuse_region(const std::string& service, const std::string& message) {
@@ -244,7 +411,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   // The agent is gone (or must go): out of dispatch, requests in flight failed.
   void lose(const std::string& reason) {
     if (closed_) return;
-    if (!regions_.empty()) {
+    if (!regions_.empty() || !rdma_.empty()) {
       spdlog::warn("{}: agent '{}' lost: {}", origin_, hello_.agent, reason);
     } else {
       spdlog::info("{}: {}", origin_, reason);
@@ -302,6 +469,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     if (closed_) return;
     closed_ = true;
     timer_.cancel();
+    for (auto& [service, st] : rdma_)
+      st.timer->cancel();
+    rdma_.clear();
     error_code ec;
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
@@ -322,6 +492,16 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   control::Hello hello_;
   Clock::time_point last_heard_;
   std::vector<std::shared_ptr<AgentRegion>> regions_;
+  // transport rdma, by service: the announcement, kept to reconnect with while the agent is
+  // registered (from the announcement until the session ends or the region is refused).
+  struct RdmaState {
+    control::RegionAnnounce announce;
+    Service* service = nullptr;
+    std::shared_ptr<asio::steady_timer> timer;
+    std::chrono::milliseconds backoff{0};
+    uint32_t attempts = 0;
+  };
+  std::map<std::string, RdmaState> rdma_;
 };
 
 ControlEndpoint::ControlEndpoint(asio::io_context& io, const ServerConfig& config, Engine& engine,
@@ -334,7 +514,12 @@ ControlEndpoint::ControlEndpoint(asio::io_context& io, const ServerConfig& confi
       destinations_(destinations),
       metrics_(metrics),
       acceptor_(io),
-      agents_gauge_(metrics.gauge("caracal_agents", "Agents registered now")) {}
+      agents_gauge_(metrics.gauge("caracal_agents", "Agents registered now")),
+      rdma_reconnects_(metrics.counter("caracal_rdma_reconnects_total",
+                                       "rdma regions re-admitted after their transport failed")),
+      rdma_reconnect_failures_(metrics.counter("caracal_rdma_reconnect_failures_total",
+                                               "Failed tries to reconnect an rdma region")),
+      worker_(std::make_unique<BlockingWorker>()) {}
 
 void ControlEndpoint::publish_agent_count_locked() {
   agents_gauge_.set(static_cast<int64_t>(std::count_if(
@@ -386,6 +571,8 @@ void ControlEndpoint::stop() {
   }
   for (auto& s : live)
     s->lose_later("server shutting down");
+  // A connect in progress finishes (its result is dropped: the sessions are closing).
+  worker_->stop();
 }
 
 std::shared_ptr<ControlSession> ControlEndpoint::take_name(

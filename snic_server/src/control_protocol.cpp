@@ -49,10 +49,16 @@ std::string emit(const Welcome& m) {
 }
 std::string emit(const RegionAnnounce& m) {
   Emit e("region");
-  e.kv("service", m.service)
-      .kv("transport", m.transport)
-      .kv("shm_name", m.shm_name)
-      .kv("region_bytes", m.region_bytes);
+  e.kv("service", m.service).kv("transport", m.transport);
+  if (m.transport == "rdma") {
+    e.kv("rdma_host", m.rdma_host)
+        .kv("rdma_port", m.rdma_port)
+        .kv("rdma_address", m.rdma_address)
+        .kv("rdma_rkey", m.rdma_rkey);
+  } else {
+    e.kv("shm_name", m.shm_name);
+  }
+  e.kv("region_bytes", m.region_bytes);
   e.out << YAML::Key << "destinations" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (const std::string& d : m.destinations)
     e.out << d;
@@ -99,21 +105,47 @@ Message parse(const config::Field& root) {
     return m;
   }
   if (type == "region") {
-    root.allow_only({"type", "service", "transport", "shm_name", "region_bytes", "destinations"});
+    root.allow_only({"type", "service", "transport", "shm_name", "rdma_host", "rdma_port",
+                     "rdma_address", "rdma_rkey", "region_bytes", "destinations"});
     RegionAnnounce m;
     m.service = name_of(root.required("service"));
     const config::Field transport = root.required("transport");
     m.transport = transport.as_string();
-    if (m.transport != "shm") {
-      transport.fail("transport '" + m.transport + "' is not served by this server (known: shm)");
-    }
-    const config::Field shm = root.required("shm_name");
-    m.shm_name = shm.as_string();
-    if (m.shm_name.size() < 2 || m.shm_name.size() > 200 || m.shm_name[0] != '/' ||
-        m.shm_name.find('/', 1) != std::string::npos) {
-      shm.fail("'" + m.shm_name + "' is not a POSIX shared memory name (\"/name\", no other /)");
+    if (m.transport == "shm") {
+      const config::Field shm = root.required("shm_name");
+      m.shm_name = shm.as_string();
+      if (m.shm_name.size() < 2 || m.shm_name.size() > 200 || m.shm_name[0] != '/' ||
+          m.shm_name.find('/', 1) != std::string::npos) {
+        shm.fail("'" + m.shm_name + "' is not a POSIX shared memory name (\"/name\", no other /)");
+      }
+      for (const char* key : {"rdma_host", "rdma_port", "rdma_address", "rdma_rkey"}) {
+        if (auto f = root.optional(key)) f->fail(std::string(key) + " belongs to transport rdma");
+      }
+    } else if (m.transport == "rdma") {
+      if (!rdma_available()) {
+        transport.fail(
+            "transport 'rdma' is not served by this server: it was built without rdma-core "
+            "(libibverbs, librdmacm); use transport shm");
+      }
+      if (auto f = root.optional("shm_name")) f->fail("shm_name belongs to transport shm");
+      const config::Field host = root.required("rdma_host");
+      m.rdma_host = host.as_string();
+      if (m.rdma_host.empty() || m.rdma_host.size() > 255 ||
+          m.rdma_host.find_first_of(" \t\r\n/") != std::string::npos) {
+        host.fail("'" + m.rdma_host + "' is not an address or host name");
+      }
+      m.rdma_port = static_cast<uint16_t>(root.required("rdma_port").as_uint(1, 65535));
+      m.rdma_address = root.required("rdma_address").as_uint(1);
+      m.rdma_rkey = static_cast<uint32_t>(root.required("rdma_rkey").as_uint(0, UINT32_MAX));
+    } else {
+      transport.fail("transport '" + m.transport + "' is not one of: shm, rdma");
     }
     m.region_bytes = root.required("region_bytes").as_uint(1);
+    if (m.transport == "rdma" && m.rdma_address > UINT64_MAX - m.region_bytes) {
+      root.required("region_bytes")
+          .fail(std::to_string(m.region_bytes) + " bytes from rdma_address " +
+                std::to_string(m.rdma_address) + " wrap around the address space");
+    }
     if (auto d = root.optional("destinations")) {
       for (const config::Field& item : d->items())
         m.destinations.push_back(name_of(item));
@@ -180,6 +212,14 @@ const char* type_name(const Message& message) {
   static constexpr const char* kNames[] = {"hello",     "welcome", "region", "attached",
                                            "heartbeat", "bye",     "refused"};
   return kNames[message.index()];
+}
+
+bool rdma_available() {
+#ifdef CARACAL_HAVE_RDMA
+  return true;
+#else
+  return false;
+#endif
 }
 
 bool is_valid_name(std::string_view name) {

@@ -5,9 +5,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 
 #include "caracal/mqueue/remote_region.hpp"
 #include "caracal/mqueue/shm.hpp"
+#ifdef CARACAL_HAVE_RDMA
+#include "caracal/mqueue/rdma.hpp"
+#endif
 #include "caracal/server/service.hpp"
 
 namespace caracal::server {
@@ -125,12 +129,13 @@ class TransportBinding final : public RegionBinding {
       inbox.ring_slots_in_use.store(rx.outstanding_slots(), std::memory_order_relaxed);
     }
     // TX rings: one read of every tail, then the entries each one uncovered.
-    region_.fetch_tx_tails();
+    if (should_fetch_tx_tails()) region_.fetch_tx_tails();
     if (Status s = transport_->progress(); !s.ok()) {
       fault = "transport: " + s.message();
       return true;
     }
     if (!region_.deliver_tx_tails()) return busy;
+    bool delivered_any = false;
     for (uint32_t q = 0; q < queues; ++q) {
       auto& tx = region_.tx(q);
       const bool server_queue = q < h.server_queue_count;
@@ -149,6 +154,7 @@ class TransportBinding final : public RegionBinding {
         tx.release();
         tx.publish();
         busy = true;
+        delivered_any = true;
       }
       if (pr == mqueue::PollResult::kCorrupt) {
         fault = std::string(server_queue ? "server" : "client") + " queue " + std::to_string(q) +
@@ -156,6 +162,7 @@ class TransportBinding final : public RegionBinding {
         return true;
       }
     }
+    note_tx_fetch(delivered_any);
     return busy;
   }
 
@@ -180,6 +187,37 @@ class TransportBinding final : public RegionBinding {
   void request_stop() override { region_.request_stop(); }
 
  private:
+  // A remote transport pays a READ per TX-tail fetch: fetch every round while requests are
+  // outstanding, back off while none are (see bind_rdma_region). A local one fetches always.
+  static constexpr bool kAdaptiveTxPolling = !std::is_same_v<T, mqueue::ShmTransport>;
+
+  bool should_fetch_tx_tails() {
+    if constexpr (!kAdaptiveTxPolling) {
+      return true;
+    } else {
+      if (!in_flight_.empty()) {
+        idle_fetch_gap_ = std::chrono::microseconds{0};
+        return true;
+      }
+      return Clock::now() >= next_idle_fetch_;
+    }
+  }
+
+  // After a fetch was delivered: anything found keeps polling busy; an empty fetch with
+  // nothing outstanding doubles the gap to the next one, up to kRdmaIdleFetchMax.
+  void note_tx_fetch(bool found) {
+    if constexpr (kAdaptiveTxPolling) {
+      if (found || !in_flight_.empty()) {
+        idle_fetch_gap_ = std::chrono::microseconds{0};
+      } else {
+        idle_fetch_gap_ = std::clamp(idle_fetch_gap_ * 2, kRdmaIdleFetchMin, kRdmaIdleFetchMax);
+      }
+      next_idle_fetch_ = Clock::now() + idle_fetch_gap_;
+    } else {
+      (void)found;
+    }
+  }
+
   void reply(Engine& engine, AgentRegion& r, uint32_t q, const mqueue::Entry& e) {
     const auto it = in_flight_.find(e.token);
     if (it == in_flight_.end()) {
@@ -218,6 +256,8 @@ class TransportBinding final : public RegionBinding {
   mqueue::RemoteRegion<T> region_;
   std::vector<std::deque<Message>> backlog_;
   std::unordered_map<uint64_t, Clock::time_point> in_flight_;
+  std::chrono::microseconds idle_fetch_gap_{0};  // adaptive TX polling only
+  Clock::time_point next_idle_fetch_{};
 };
 
 }  // namespace
@@ -238,6 +278,30 @@ Result<std::unique_ptr<RegionBinding>> bind_shm_region(const std::string& shm_na
   if (!region.ok()) return region.status();
   return std::unique_ptr<RegionBinding>(new TransportBinding<mqueue::ShmTransport>(
       std::move(transport), std::move(region).value(), std::move(mapping)));
+}
+
+Result<std::unique_ptr<RegionBinding>> bind_rdma_region(const RdmaRegionTarget& target) {
+#ifdef CARACAL_HAVE_RDMA
+  mqueue::RdmaConnectOptions o;
+  o.host = target.host;
+  o.port = target.port;
+  o.region = mqueue::RdmaRegionAddress{target.address, target.rkey, target.region_bytes};
+  o.timeout = target.timeout;
+  Result<std::unique_ptr<mqueue::RdmaTransport>> t = mqueue::RdmaTransport::connect(o);
+  if (!t.ok()) return t.status();
+  std::unique_ptr<mqueue::RdmaTransport> transport = std::move(t).value();
+  Result<mqueue::RemoteRegion<mqueue::RdmaTransport>> region =
+      mqueue::RemoteRegion<mqueue::RdmaTransport>::attach(transport.get(), target.timeout);
+  if (!region.ok()) {
+    return Status(region.status().code(),
+                  "rdma " + transport->peer() + ": attach: " + region.status().message());
+  }
+  return std::unique_ptr<RegionBinding>(new TransportBinding<mqueue::RdmaTransport>(
+      std::move(transport), std::move(region).value(), nullptr));
+#else
+  return Status(StatusCode::kUnavailable,
+                "transport rdma to " + target.host + ": this server was built without rdma-core");
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -402,7 +466,9 @@ void Engine::run() {
         spdlog::error("{}: {}; the region is dropped", a.region->label(), fault);
         if (a.region->service() != nullptr) a.region->service()->remove(a.region.get());
         fail_region(a, "agent fault: " + fault);
+        std::shared_ptr<AgentRegion> dropped = std::move(a.region);
         regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
+        dropped->notify_fault(fault);
         continue;
       }
       if (a.draining &&

@@ -7,8 +7,10 @@ source "$(dirname "$0")/lib.sh"
 need curl
 CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
 
+# CARACAL_E2E_AGENT_TIMEOUT_MS (default 500) lengthens the heartbeat timeout where heartbeats
+# run late (the emulated VM); a killed agent is noticed by its closed connection either way.
 start_server "io_threads: 2
-control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 50, agent_timeout_ms: 500 }
+control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 50, agent_timeout_ms: ${CARACAL_E2E_AGENT_TIMEOUT_MS:-500} }
 metrics: { listen: 127.0.0.1:0 }
 services:
   - name: echo
@@ -27,13 +29,15 @@ PORT=$(port_of "tcp/127.0.0.1:0")
 CLIENT_PID=$!
 PIDS+=("$CLIENT_PID")
 
-# Kill echo-1 once the load is well under way (20000 replies: CARACAL_E2E_LOAD_PERCENT must leave
-# the load well above that, as 25, the sanitizer runs' value, does with 150000).
-for _ in $(seq 200); do
-  [ "$(metric caracal_service_replies_total)" -ge 20000 ] && break
+# Kill echo-1 once the load is well under way (20000 replies, CARACAL_E2E_KILL_AFTER overrides:
+# CARACAL_E2E_LOAD_PERCENT must leave the load well above that, as 25, the sanitizer runs'
+# value, does with 150000).
+KILL_AFTER=${CARACAL_E2E_KILL_AFTER:-20000}
+for _ in $(seq $((200 * TIME_SCALE))); do
+  [ "$(metric caracal_service_replies_total)" -ge "$KILL_AFTER" ] && break
   sleep 0.05
 done
-[ "$(metric caracal_service_replies_total)" -ge 20000 ] || fail "the load never got going"
+[ "$(metric caracal_service_replies_total)" -ge "$KILL_AFTER" ] || fail "the load never got going"
 kill -KILL "$AGENT_PID_echo_1"
 echo "killed echo-1 after $(metric caracal_service_replies_total) replies"
 wait_for_line "$WORK/server.log" "agent 'echo-1' lost"

@@ -7,6 +7,14 @@
 # CARACAL_E2E_ACCELERATOR picks the agents' accelerator (default cpu; gpu:0 runs the same tests
 # with the handlers as persistent CUDA kernels).
 #
+# CARACAL_E2E_TRANSPORT picks the agents' transport: shm (default) or rdma, which makes each
+# agent export its regions over RDMA on CARACAL_E2E_RDMA_ADDRESS (an RDMA device's IP; default
+# 192.0.2.1, the Soft-RoCE VM's rxe0) and the server connect to them (tests/rdma/e2e_vm.sh runs
+# the scripts that way inside the VM of scripts/rxe-vm.sh).
+#
+# CARACAL_E2E_TIME_SCALE (default 1) multiplies the waits for processes to come up, for slow
+# machines (the emulated VM).
+#
 # CARACAL_E2E_LOAD_PERCENT (environment, default 100) scales the requests per connection of the
 # load runs that only need volume; the sanitizer CI runs set it lower, as they set
 # CARACAL_STRESS_MESSAGES for the stress tests.
@@ -16,6 +24,15 @@ BUILD=${1:?build directory}
 SRC=${2:?source directory}
 SERVER_BIN="$BUILD/snic_server/snic_server"
 ECHO_AGENT="$BUILD/examples/echo/caracal_echo_agent"
+TRANSPORT=${CARACAL_E2E_TRANSPORT:-shm}
+RDMA_ADDRESS=${CARACAL_E2E_RDMA_ADDRESS:-192.0.2.1}
+TIME_SCALE=${CARACAL_E2E_TIME_SCALE:-1}
+case $TRANSPORT in
+  shm) TRANSPORT_YAML="transport: shm" ;;
+  rdma) TRANSPORT_YAML="transport: rdma
+rdma: { bind_address: $RDMA_ADDRESS }" ;;
+  *) echo "CARACAL_E2E_TRANSPORT=$TRANSPORT is not shm or rdma"; exit 2 ;;
+esac
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/caracal-e2e.XXXXXX")
 ACCELERATOR=${CARACAL_E2E_ACCELERATOR:-cpu}
 SECRET="e2e-secret-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -62,7 +79,7 @@ fail() {
 
 # wait_for_line FILE REGEX [SECONDS]: waits until FILE has a line matching REGEX.
 wait_for_line() {
-  local file=$1 regex=$2 secs=${3:-10}
+  local file=$1 regex=$2 secs=$((${3:-10} * TIME_SCALE))
   for _ in $(seq $((secs * 20))); do
     grep -Eq "$regex" "$file" 2>/dev/null && return 0
     sleep 0.05
@@ -96,7 +113,7 @@ agent: $name
 server: 127.0.0.1:$CONTROL_PORT
 secret: $SECRET
 accelerator: $ACCELERATOR
-transport: shm
+$TRANSPORT_YAML
 reconnect_interval_ms: 100
 services:
 $services

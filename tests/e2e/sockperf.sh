@@ -41,8 +41,13 @@ grep -E "Summary: Message Rate" "$WORK/tp-tcp.out" | sed 's/^/TCP throughput: /'
 sent=$(sed -nE "s/.*Total of ([0-9]+) messages sent.*/\1/p" "$WORK/tp-tcp.out" | tail -1)
 sockperf throughput -i 127.0.0.1 -p "$UDP" -m 64 -t 3 >"$WORK/tp-udp.out" 2>&1 || fail "sockperf UDP throughput exited $?"
 grep -E "Summary: Message Rate" "$WORK/tp-udp.out" | sed 's/^/UDP throughput: /'
-sleep 0.5
-after=$(metric 'caracal_service_requests_total')
+# The server may still be reading what sockperf sent (a slow machine, the emulated VM): wait
+# until the count stops short of it for good (5 s, scaled by CARACAL_E2E_TIME_SCALE).
+for _ in $(seq $((100 * TIME_SCALE))); do
+  after=$(metric 'caracal_service_requests_total')
+  [ "$((after - before))" -ge "$sent" ] && break
+  sleep 0.05
+done
 [ "$((after - before))" -ge "$sent" ] || fail "the service saw $((after - before)) requests, fewer than the $sent sockperf sent over TCP"
 errors=$(metric 'caracal_service_errors_total')
 [ "$errors" -eq 0 ] || fail "the service answered $errors errors"

@@ -115,7 +115,7 @@ services: [{ name: echo, max_message_bytes: 100 }]
 )");
   EXPECT_EQ(c.server.host, "::1");
   EXPECT_EQ(c.accelerator.kind, AcceleratorKind::kAuto);
-  EXPECT_EQ(c.transport, TransportKind::kAuto);
+  EXPECT_EQ(c.transport, TransportKind::kShm);
   EXPECT_EQ(c.log_level, "info");
   EXPECT_EQ(c.cpu.workers, 1u);
   EXPECT_EQ(c.reconnect_interval_ms, 200u);
@@ -190,12 +190,51 @@ TEST(AgentConfig, GpuSettings) {
   expect_error(with("reconnect_interval_ms: 50", "gpu: { blocks: 2 }"), "8:8", {"blocks"});
 }
 
-TEST(AgentConfig, RdmaTransportIsRefused) {
-  expect_error(with("transport: shm", "transport: rdma"), "5:12",
-               {"transport", "'rdma' is not supported"});
+TEST(AgentConfig, Transport) {
+  EXPECT_EQ(parse(with("transport: shm", "transport: auto")).transport, TransportKind::kShm);
   expect_error(with("transport: shm", "transport: tcp"), "5:12",
-               {"transport", "'tcp' is not one of: auto, shm"});
+               {"transport", "'tcp' is not one of: shm, auto, rdma"});
+  expect_error(with("transport: shm", "transport: shm\nrdma: { bind_address: 192.0.2.1 }"), "6:7",
+               {"rdma", "need 'transport: rdma'"});
 }
+
+#ifdef CARACAL_HAVE_RDMA
+TEST(AgentConfig, RdmaSettings) {
+  const AgentConfig c = parse(
+      with("transport: shm",
+           "transport: rdma\nrdma: { bind_address: 192.0.2.1, port: 7471, max_connections: 2 }"));
+  EXPECT_EQ(c.transport, TransportKind::kRdma);
+  EXPECT_EQ(c.rdma.bind_address, "192.0.2.1");
+  EXPECT_EQ(c.rdma.port, 7471);
+  EXPECT_EQ(c.rdma.max_connections, 2u);
+  const AgentConfig d =
+      parse(with("transport: shm", "transport: rdma\nrdma:\n  bind_address: 192.0.2.1"));
+  EXPECT_EQ(d.rdma.port, 0);
+  EXPECT_EQ(d.rdma.max_connections, 8u);
+
+  expect_error(with("transport: shm", "transport: rdma"), "5:12",
+               {"transport", "needs an 'rdma:' section"});
+  expect_error(with("transport: shm", "transport: rdma\nrdma: { port: 1 }"), "6:7",
+               {"rdma", "missing required setting 'bind_address'"});
+  expect_error(with("transport: shm", "transport: rdma\nrdma: { bind_address: 0.0.0.0 }"), "6:23",
+               {"rdma.bind_address", "an RDMA device"});
+  expect_error(with("transport: shm",
+                    "transport: rdma\nrdma:\n  bind_address: 192.0.2.1\n"
+                    "  port: 65536"),
+               "8:9", {"rdma.port"});
+  expect_error(with("transport: shm",
+                    "transport: rdma\nrdma:\n  bind_address: 192.0.2.1\n"
+                    "  max_connections: 0"),
+               "8:20", {"rdma.max_connections"});
+  expect_error(with("transport: shm", "transport: rdma\nrdma: { bind_address: a, mtu: 4 }"), "6:26",
+               {"mtu"});
+}
+#else
+TEST(AgentConfig, RdmaTransportIsRefusedWithoutRdmaCore) {
+  expect_error(with("transport: shm", "transport: rdma\nrdma: { bind_address: 192.0.2.1 }"), "5:12",
+               {"transport", "built without rdma-core"});
+}
+#endif
 
 TEST(AgentConfig, BadRingGeometryIsRefusedAtTheField) {
   expect_error(with("ring_capacity: 256", "ring_capacity: 100"), "12:20",

@@ -141,6 +141,24 @@ TEST(ServerConfig, TimeoutMustExceedHeartbeat) {
   EXPECT_NE(e.find("must exceed heartbeat_interval_ms"), std::string::npos) << e;
 }
 
+TEST(ServerConfig, RdmaTimeouts) {
+  const ServerConfig d = parse(kValid);
+  EXPECT_EQ(d.control.rdma_connect_timeout_ms, 2000u);
+  EXPECT_EQ(d.control.rdma_reconnect_max_ms, 5000u);
+  const ServerConfig c = parse(with("agent_timeout_ms: 500",
+                                    "agent_timeout_ms: 500\n"
+                                    "  rdma_connect_timeout_ms: 300\n"
+                                    "  rdma_reconnect_max_ms: 1000"));
+  EXPECT_EQ(c.control.rdma_connect_timeout_ms, 300u);
+  EXPECT_EQ(c.control.rdma_reconnect_max_ms, 1000u);
+  std::string e = error_of(
+      with("agent_timeout_ms: 500", "agent_timeout_ms: 500\n  rdma_connect_timeout_ms: 0"));
+  EXPECT_NE(e.find("test.yaml:8:"), std::string::npos) << e;
+  EXPECT_NE(e.find("control.rdma_connect_timeout_ms"), std::string::npos) << e;
+  e = error_of(with("agent_timeout_ms: 500", "agent_timeout_ms: 500\n  rdma_reconnect_max_ms: 5"));
+  EXPECT_NE(e.find("test.yaml:8:"), std::string::npos) << e;
+}
+
 TEST(ServerConfig, SyntaxErrorCarriesTheParserPosition) {
   const std::string e = error_of(with("  listen: 127.0.0.1:7100", "  listen: [127.0.0.1:7100"));
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;

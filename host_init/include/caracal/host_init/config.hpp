@@ -5,7 +5,12 @@
 //   server: 127.0.0.1:7100         # the server's control endpoint (its control.listen)
 //   secret: change-me-0123456789   # or `secret_file: PATH`; one of the two, >= 16 characters
 //   accelerator: auto              # auto (the best one present), cpu, gpu:N
-//   transport: auto                # auto or shm (a GPU polls the shm region through a mapping)
+//   transport: shm                 # shm (default; `auto` means shm) or rdma
+//   rdma:                          # transport rdma only (the agent must be built with rdma-core)
+//     bind_address: 192.0.2.1      # required: the IP of an RDMA device (its netdev's address),
+//                                  # which the server connects to; it is announced as is
+//     port: 0                      # 0 (default): the system picks one per service
+//     max_connections: 8           # SmartNIC connections per region at once (default 8)
 //   log_level: info                # trace, debug, info, warn, error, off
 //   cpu: { workers: 1, cpus: [1], burst: 32, idle_rounds_before_yield: 256 }   # optional
 //   gpu: { workers: 0, block_threads: 128, burst: 32, busy_polls: 2048,        # optional
@@ -45,7 +50,14 @@ struct AcceleratorSetting {
   std::string str() const;
 };
 
-enum class TransportKind : uint8_t { kAuto, kShm };
+enum class TransportKind : uint8_t { kShm, kRdma };
+
+// transport rdma: where each service's RdmaRegionExporter listens (mqueue/rdma.hpp).
+struct RdmaAgentConfig {
+  std::string bind_address;
+  uint16_t port = 0;  // one exporter per service: a fixed port serves one service only
+  uint32_t max_connections = 8;
+};
 
 struct ClientQueueConfig {
   std::string destination;  // a destination of the server's config
@@ -69,7 +81,8 @@ struct AgentConfig {
   config::HostPort server;
   std::string secret;
   AcceleratorSetting accelerator;
-  TransportKind transport = TransportKind::kAuto;
+  TransportKind transport = TransportKind::kShm;
+  RdmaAgentConfig rdma;
   std::string log_level = "info";
   accel::CpuOptions cpu;
   accel::GpuOptions gpu;

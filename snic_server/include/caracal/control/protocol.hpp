@@ -9,8 +9,11 @@
 //   hello {protocol, secret, agent, epoch} ->
 //                                          <- welcome {heartbeat_interval_ms, agent_timeout_ms}
 //                                             or refused {message}, then close
-//   region {service, transport, shm_name,  ->    (one per service the agent serves)
-//           region_bytes, destinations}
+//   region {service, transport,            ->    (one per service the agent serves)
+//           region_bytes, destinations,
+//           shm: shm_name
+//           rdma: rdma_host, rdma_port,
+//                 rdma_address, rdma_rkey}
 //                                          <- attached {service} or refused {service, message}
 //   heartbeat                              ->    (every heartbeat_interval_ms)
 //                                          <- heartbeat (answer, so the agent sees a lost server)
@@ -56,11 +59,16 @@ struct Welcome {
 // One region, serving one service.
 struct RegionAnnounce {
   std::string service;
-  std::string transport;  // "shm"
+  std::string transport;  // "shm" or "rdma"
   std::string shm_name;   // shm: POSIX shared memory object, "/name"
   uint64_t region_bytes = 0;
   // Client queue c of the region calls destinations[c] (a destination in the server config).
   std::vector<std::string> destinations;
+  // rdma: where the agent's exporter listens, and the region's remote address and key.
+  std::string rdma_host;
+  uint16_t rdma_port = 0;
+  uint64_t rdma_address = 0;
+  uint32_t rdma_rkey = 0;
 };
 
 struct Attached {
@@ -92,6 +100,9 @@ const char* type_name(const Message& message);
 // Names of agents, services and destinations: 1 to 64 of A-Z a-z 0-9 - _ . (they go into logs
 // and metric labels as they are).
 bool is_valid_name(std::string_view name);
+
+// Whether this build can serve `transport: rdma` (built with rdma-core).
+bool rdma_available();
 
 // The shared secret of a config mapping (server `control:` or an agent's top level): `secret:
 // TEXT` or `secret_file: PATH` (trailing newlines dropped), exactly one of the two, at least

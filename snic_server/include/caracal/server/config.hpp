@@ -8,6 +8,8 @@
 //     secret_file: /etc/caracal/secret   # or `secret: TEXT`; one of the two is required
 //     heartbeat_interval_ms: 100
 //     agent_timeout_ms: 1000
+//     rdma_connect_timeout_ms: 2000    # connecting to an rdma agent's region (see below)
+//     rdma_reconnect_max_ms: 5000      # longest wait between reconnects to an rdma region
 //   metrics:                       # optional Prometheus endpoint
 //     listen: 127.0.0.1:9100
 //   services:
@@ -101,6 +103,13 @@ struct ControlConfig {
   std::string secret;
   uint32_t heartbeat_interval_ms = 100;
   uint32_t agent_timeout_ms = 1000;
+  // transport rdma: how long connecting to an agent's exporter may take (rdma_cm resolution
+  // and handshake; attach's header READs get as long again each). Connects run on a thread of
+  // the control endpoint's own, never on an I/O thread.
+  uint32_t rdma_connect_timeout_ms = 2000;
+  // After an rdma region's transport fails while its agent stays registered, the server
+  // reconnects after 100 ms, doubling the wait after each failed try up to this.
+  uint32_t rdma_reconnect_max_ms = 5000;
 };
 
 struct ServerConfig {

@@ -4,6 +4,13 @@
 // connection closes or whose heartbeats stop is lost: its regions leave dispatch and their
 // requests in flight fail visibly. A later hello with the same agent name and a new epoch
 // replaces a registration that is still there (the agent restarted before we noticed).
+//
+// transport rdma: connecting to the agent's exporter and attaching block (up to the
+// control.rdma_connect_timeout_ms of the config, per step), so they run on the endpoint's own
+// connect thread, one at a time, and the result is posted back to the session. When an rdma
+// region's transport fails (the engine drops it and fails its requests in flight) while its
+// agent is still registered, the session reconnects with backoff (100 ms doubling up to
+// control.rdma_reconnect_max_ms) and re-admits the region once connect and attach succeed.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -23,6 +30,7 @@
 namespace caracal::server {
 
 class ControlSession;
+class BlockingWorker;
 
 class ControlEndpoint {
  public:
@@ -56,6 +64,9 @@ class ControlEndpoint {
   boost::asio::ip::tcp::acceptor acceptor_;
   uint16_t port_ = 0;
   Gauge& agents_gauge_;
+  Counter& rdma_reconnects_;
+  Counter& rdma_reconnect_failures_;
+  std::unique_ptr<BlockingWorker> worker_;  // rdma connects
 
   mutable std::mutex m_;
   std::map<std::string, std::weak_ptr<ControlSession>> agents_;

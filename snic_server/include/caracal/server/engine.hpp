@@ -104,6 +104,14 @@ class AgentRegion {
   }
   RegionBinding& binding() { return *binding_; }
 
+  // Called on the engine thread after the engine dropped the region for a fault (a corrupt
+  // entry, a failed transport), with the fault; not when the control endpoint detaches or
+  // fails it. Set before attach.
+  void set_on_fault(std::function<void(const std::string&)> f) { on_fault_ = std::move(f); }
+  void notify_fault(const std::string& fault) const {
+    if (on_fault_) on_fault_(fault);
+  }
+
  private:
   std::string agent_;
   uint64_t epoch_;
@@ -111,6 +119,7 @@ class AgentRegion {
   std::unique_ptr<RegionBinding> binding_;
   std::vector<std::shared_ptr<QueueInbox>> inboxes_;
   std::vector<std::shared_ptr<ClientLink>> links_;
+  std::function<void(const std::string&)> on_fault_;
 };
 
 struct EngineOptions {
@@ -217,5 +226,29 @@ class RegionBinding {
 // attaches to the region in it (validate_region checks every header field).
 Result<std::unique_ptr<RegionBinding>> bind_shm_region(const std::string& shm_name,
                                                        uint64_t region_bytes);
+
+// Where an agent's rdma region is (its region announcement) and how long connecting may take.
+struct RdmaRegionTarget {
+  std::string host;
+  uint16_t port = 0;
+  uint64_t address = 0;
+  uint32_t rkey = 0;
+  uint64_t region_bytes = 0;
+  // For the rdma_cm connect, and again for each of attach's two header READs.
+  std::chrono::milliseconds timeout{2000};
+};
+
+// Connects one RC queue pair to the agent's RdmaRegionExporter and attaches to the region
+// through it (validate_region checks every header field). Blocks up to about 3x the timeout:
+// call it off the I/O threads. Without rdma-core (CARACAL_HAVE_RDMA) it returns kUnavailable.
+//
+// TX polling over rdma is adaptive: while requests are outstanding the binding fetches every
+// TX tail (one RDMA READ) each round; with none outstanding it waits between fetches, from
+// kRdmaIdleFetchMin doubling up to kRdmaIdleFetchMax, so an idle region costs a READ per
+// millisecond at most, and a call a client queue makes waits at most that long to be seen.
+// The shm binding reads its tails every round, as before (a load, no READ).
+Result<std::unique_ptr<RegionBinding>> bind_rdma_region(const RdmaRegionTarget& target);
+inline constexpr std::chrono::microseconds kRdmaIdleFetchMin{20};
+inline constexpr std::chrono::microseconds kRdmaIdleFetchMax{1000};
 
 }  // namespace caracal::server

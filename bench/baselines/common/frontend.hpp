@@ -13,6 +13,7 @@
 #pragma once
 
 #include <sys/socket.h>
+#include <CLI/CLI.hpp>
 #include <boost/asio.hpp>
 
 #include <array>
@@ -163,6 +164,25 @@ class Frontend {
     uint32_t threads = 1;
     uint32_t max_message = 65536;
   };
+
+  // The command-line options every baseline server shares: --handler, --address, the ports,
+  // --threads and --max-message-bytes (at most max_message_limit).
+  static void add_options(CLI::App& app, Options& o, std::string& handler,
+                          uint32_t max_message_limit) {
+    app.add_option("--handler", handler, "echo or matvec")
+        ->check(CLI::IsMember({"echo", "matvec"}))
+        ->capture_default_str();
+    app.add_option("--address", o.address, "Address to bind")->capture_default_str();
+    app.add_option("--udp-port", o.udp_port, "UDP port (0: any)")->capture_default_str();
+    app.add_option("--tcp-port", o.tcp_port, "TCP port, length-prefixed (0: any)")
+        ->capture_default_str();
+    app.add_option("--threads", o.threads, "I/O threads")
+        ->check(CLI::Range(1u, 256u))
+        ->capture_default_str();
+    app.add_option("--max-message-bytes", o.max_message, "Largest request")
+        ->check(CLI::Range(1u, max_message_limit))
+        ->capture_default_str();
+  }
 
   Frontend(const Options& o, Submit submit) : o_(o), submit_(std::move(submit)) {
     using reuse_port = asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;

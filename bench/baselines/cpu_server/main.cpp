@@ -73,19 +73,7 @@ int main(int argc, char** argv) {
   Frontend::Options o;
   std::string handler = "echo";
   CLI::App app{"caracal_cpu_server: handlers inline on Asio I/O threads (baseline)"};
-  app.add_option("--handler", handler, "echo or matvec")
-      ->check(CLI::IsMember({"echo", "matvec"}))
-      ->capture_default_str();
-  app.add_option("--address", o.address, "Address to bind")->capture_default_str();
-  app.add_option("--udp-port", o.udp_port, "UDP port (0: any)")->capture_default_str();
-  app.add_option("--tcp-port", o.tcp_port, "TCP port, length-prefixed (0: any)")
-      ->capture_default_str();
-  app.add_option("--threads", o.threads, "I/O threads")
-      ->check(CLI::Range(1u, 256u))
-      ->capture_default_str();
-  app.add_option("--max-message-bytes", o.max_message, "Largest request")
-      ->check(CLI::Range(1u, 1u << 26))
-      ->capture_default_str();
+  Frontend::add_options(app, o, handler, 1u << 26);
   CLI11_PARSE(app, argc, argv);
   int rc = 1;
   try {

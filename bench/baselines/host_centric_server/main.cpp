@@ -206,19 +206,7 @@ int main(int argc, char** argv) {
   uint32_t timeout_us = 20;
   uint32_t data_mib = 4;
   CLI::App app{"caracal_host_centric_server: kernel sockets, batches copied to the GPU (baseline)"};
-  app.add_option("--handler", bo.handler, "echo or matvec")
-      ->check(CLI::IsMember({"echo", "matvec"}))
-      ->capture_default_str();
-  app.add_option("--address", fo.address, "Address to bind")->capture_default_str();
-  app.add_option("--udp-port", fo.udp_port, "UDP port (0: any)")->capture_default_str();
-  app.add_option("--tcp-port", fo.tcp_port, "TCP port, length-prefixed (0: any)")
-      ->capture_default_str();
-  app.add_option("--threads", fo.threads, "I/O threads")
-      ->check(CLI::Range(1u, 256u))
-      ->capture_default_str();
-  app.add_option("--max-message-bytes", fo.max_message, "Largest request")
-      ->check(CLI::Range(1u, 1u << 22))
-      ->capture_default_str();
+  Frontend::add_options(app, fo, bo.handler, 1u << 22);
   app.add_option("--batch", bo.max_batch, "Most requests per batch")
       ->check(CLI::Range(1u, 65536u))
       ->capture_default_str();

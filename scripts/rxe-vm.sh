@@ -204,7 +204,10 @@ INITRD_S=$(since "$T_INITRD")
 # ---- 3. boot -------------------------------------------------------------------------------
 T_VM=$(now)
 LOG=$WORK/console.log
-timeout --foreground -k 5 "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -m "$MEM" \
+# -cpu max: every instruction-set extension TCG emulates. The default model (qemu64) lacks
+# SSE4.2 and more, which binaries built for this host may use (Debian's DPDK, linked into
+# snic_server where it is found, stops on an illegal instruction there).
+timeout --foreground -k 5 "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$MEM" \
   -smp "$SMP" -nographic -no-reboot -nic none -monitor none -serial stdio -display none \
   -kernel "$VMLINUZ" -initrd "$WORK/initrd.gz" \
   -append "console=ttyS0 panic=-1 quiet loglevel=3" </dev/null >"$LOG" 2>&1 &

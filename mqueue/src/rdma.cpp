@@ -151,6 +151,11 @@ Result<std::unique_ptr<RdmaTransport>> RdmaTransport::connect(const RdmaConnectO
   if (o.signal_every == 0 || o.post_batch == 0) {
     return invalid_argument(where + ": signal_every and post_batch must be at least 1");
   }
+  if (o.ack_timeout > 31 || o.retry_count > 7) {
+    return invalid_argument(where + ": ack_timeout " + std::to_string(o.ack_timeout) +
+                            " (0-31) or retry_count " + std::to_string(o.retry_count) +
+                            " (0-7) out of range");
+  }
   const Clock::time_point deadline = Clock::now() + o.timeout;
   std::unique_ptr<RdmaTransport> t(new RdmaTransport);
   t->region_ = o.region;
@@ -268,16 +273,15 @@ Result<std::unique_ptr<RdmaTransport>> RdmaTransport::connect(const RdmaConnectO
                                                 " send requests): " + errno_text(errno));
   }
   t->qp_created_ = true;
-  // Retransmission timeout 4.096 us * 2^14 = 67 ms, 7 retries: a lost peer shows as a
-  // completion error within about half a second instead of the default's seconds.
-  uint8_t ack_timeout = 14;
+  // See RdmaConnectOptions::ack_timeout.
+  uint8_t ack_timeout = o.ack_timeout;
   (void)rdma_set_option(t->id_, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout,
                         sizeof(ack_timeout));
 
   rdma_conn_param param{};
   param.initiator_depth = static_cast<uint8_t>(std::min(16, attr.max_qp_init_rd_atom));
   param.responder_resources = 0;  // the exporter never reads from us
-  param.retry_count = 7;
+  param.retry_count = o.retry_count;
   param.rnr_retry_count = 7;
   if (rdma_connect(t->id_, &param) != 0) {
     return Status(StatusCode::kUnavailable, where + ": rdma_connect: " + errno_text(errno));

@@ -48,8 +48,8 @@ cleanup() {
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
     for f in "$WORK"/*.log; do
       [ -e "$f" ] || continue
-      echo "===== $(basename "$f") (last 40 lines)"
-      tail -n 40 "$f"
+      echo "===== $(basename "$f") (last ${CARACAL_E2E_LOG_LINES:-40} lines)"
+      tail -n "${CARACAL_E2E_LOG_LINES:-40}" "$f"
     done
   fi
   [ -n "${KEEP_WORK:-}" ] && echo "kept $WORK" || rm -rf "$WORK"

@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   // Connection events only; the data path needs nothing from this process but its memory.
   std::atomic<bool> done{false};
   std::atomic<uint32_t> live{0};  // connections, as the event thread last saw them
+  std::atomic<bool> seen{false};  // whether there ever was one
   std::thread events([&] {
     while (!done.load(std::memory_order_relaxed)) {
       pollfd p{x.event_fd(), POLLIN, 0};
@@ -85,7 +86,9 @@ int main(int argc, char** argv) {
         if (Status s = x.poll(); !s.ok()) {
           std::fprintf(stderr, "rdma_peer: %s\n", s.message().c_str());
         }
-        live.store(x.connections(), std::memory_order_relaxed);
+        const uint32_t n = x.connections();
+        live.store(n, std::memory_order_relaxed);
+        if (n != 0) seen.store(true, std::memory_order_relaxed);
       }
     }
   });
@@ -93,11 +96,12 @@ int main(int argc, char** argv) {
   const RegionView view(base);
   const auto deadline = stress::Clock::now() + std::chrono::seconds(timeout_s);
   const std::string error = stress::run_echo_accelerator(view, expected, deadline);
-  // The last replies are in this process's memory; the SmartNIC reads them after we return,
-  // so stay until it disconnects (or a little while).
-  const auto linger = stress::Clock::now() + std::chrono::seconds(10);
-  while (error.empty() && live.load(std::memory_order_relaxed) != 0 &&
-         stress::Clock::now() < linger) {
+  // The last replies are in this process's memory and the SmartNIC reads them after we return:
+  // stay until it raises the stop word (it has read everything), or its connection, once seen,
+  // is gone, or the deadline.
+  while (error.empty() && !view.stop_requested() &&
+         !(seen.load(std::memory_order_relaxed) && live.load(std::memory_order_relaxed) == 0) &&
+         stress::Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   done.store(true, std::memory_order_relaxed);

@@ -548,6 +548,11 @@ TEST(RdmaSetupErrors, BadConnectOptions) {
   t = RdmaTransport::connect(o);
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(t.status().message(), HasSubstr("send_queue_depth 1"));
+  o.send_queue_depth = 64;
+  o.ack_timeout = 32;
+  t = RdmaTransport::connect(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("ack_timeout 32 (0-31)"));
 }
 
 TEST(RdmaSetupErrors, ExportOfABadRegion) {
@@ -719,7 +724,13 @@ std::string run_stress(Peer& peer, const std::vector<uint64_t>& expected, double
                                                  [&] { return peer.running(); });
   if (seconds_out != nullptr)
     *seconds_out = std::chrono::duration<double>(Clock::now() - started).count();
-  return error;
+  if (!error.empty()) return error;
+  // Every reply is read: the stop word tells the peer it may go (it lingers until then, since
+  // the replies live in its memory).
+  if (Status s = wait_for(**t, remote->request_stop(), kWait); !s.ok()) {
+    return "smartnic: stop word: " + s.message();
+  }
+  return {};
 }
 
 TEST(RdmaPeerProcess, StressEchoEveryReplyCheckedInOrder) {

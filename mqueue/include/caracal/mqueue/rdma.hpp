@@ -56,6 +56,13 @@ struct RdmaConnectOptions {
   // Work requests per ibv_post_send call: a post list goes out when it is this long, or at the
   // next progress().
   uint32_t post_batch = 16;
+  // Local ACK timeout as the exponent of IB's 4.096 us * 2^n, and retries: a request unanswered
+  // for (retries + 1) timeouts fails the queue pair. 18 (1.07 s per try, about 8.6 s in all) is
+  // what long-running RDMA users settle on: shorter ones fail healthy connections when the
+  // responder stalls for a moment (a loaded or emulated host, a switch buffer). A peer process
+  // that exits is seen sooner, by its disconnect.
+  uint8_t ack_timeout = 18;
+  uint8_t retry_count = 7;
 };
 
 // The SmartNIC side of one region over one RC queue pair.

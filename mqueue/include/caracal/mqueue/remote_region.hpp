@@ -87,8 +87,9 @@ class RemoteRegion {
     return true;
   }
 
-  // Asks every poller of the region to return (the agent's runtime watches this word).
-  void request_stop() { t_->publish_index(stop_word_offset(header_), 1); }
+  // Asks every poller of the region to return (the agent's runtime watches this word). Returns
+  // the publish's ticket.
+  uint64_t request_stop() { return t_->publish_index(stop_word_offset(header_), 1); }
 
  private:
   T* t_ = nullptr;

@@ -2,12 +2,17 @@
 
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/udp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+
+#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -498,6 +503,11 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
         return Status(StatusCode::kIoError,
                       name_ + ": cannot bind " + config_.listen.str() + ": " + ec.message());
       }
+      s->reply_fd = ::fcntl(s->socket.native_handle(), F_DUPFD_CLOEXEC, 0);
+      if (s->reply_fd < 0) {
+        return Status(StatusCode::kIoError,
+                      name_ + ": dup of the socket for replies: " + std::strerror(errno));
+      }
       // Port 0: the first socket got a port from the OS; the others share it.
       ep.port(s->socket.local_endpoint(ec).port());
       sockets_.push_back(std::move(s));
@@ -517,14 +527,13 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     }
   }
 
+  // Runs on the engine thread. A datagram needs no ordering with anything else on the socket,
+  // so the reply goes out from here, through the socket's reply descriptor (see Socket): a
+  // hand-off to the I/O thread would cost a wake-up of that thread on every reply.
   void deliver(uint64_t token, const udp::endpoint& peer, Reply reply) override {
     replies_.release(token);
     const uint32_t i = split_token(token).slot % static_cast<uint32_t>(sockets_.size());
-    Socket* s = sockets_[i].get();
-    asio::post(s->socket.get_executor(),
-               [self = shared_from_this(), s, peer, r = std::move(reply)]() mutable {
-                 self->answer(*s, peer, std::move(r));
-               });
+    answer(*sockets_[i], peer, std::move(reply));
   }
 
   uint16_t port() const { return port_; }
@@ -534,7 +543,18 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   struct Socket {
     Socket(asio::io_context& io, uint32_t max_message_bytes)
         : socket(asio::make_strand(io)), buffer(size_t{max_message_bytes} + 1) {}
-    udp::socket socket;
+    Socket(const Socket&) = delete;
+    Socket& operator=(const Socket&) = delete;
+    ~Socket() {
+      if (reply_fd >= 0) ::close(reply_fd);
+    }
+    udp::socket socket;  // receives; used by its strand only
+    // A duplicate of the socket's descriptor that every send goes through, from the I/O thread
+    // (error replies) and from the engine thread (replies) alike. A udp::socket object may not
+    // be used from two threads at once, but the kernel socket may: sendto() is one system call
+    // on an open descriptor. Being a duplicate, it stays valid until this object is destroyed,
+    // even once `socket` is closed, so a reply racing with close() still has a socket.
+    int reply_fd = -1;
     std::vector<char> buffer;  // one byte more than the largest message: detects oversize
     udp::endpoint peer;
   };
@@ -601,12 +621,16 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     if (auto text = format_error_reply(config_, reason)) send(s, peer, *text);
   }
 
+  // Any thread (see Socket::reply_fd). Never blocks: a full send buffer drops the reply.
   void send(Socket& s, const udp::endpoint& peer, const std::string& bytes) {
-    error_code ec;
-    s.socket.send_to(asio::buffer(bytes), peer, 0, ec);
-    if (ec) {
-      stats_.drop(ec == asio::error::would_block ? DropReason::kSendBufferFull
-                                                 : DropReason::kSendFailed);
+    ssize_t n;
+    do {
+      n = ::sendto(s.reply_fd, bytes.data(), bytes.size(), MSG_DONTWAIT, peer.data(),
+                   static_cast<socklen_t>(peer.size()));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+      stats_.drop(errno == EAGAIN || errno == EWOULDBLOCK ? DropReason::kSendBufferFull
+                                                          : DropReason::kSendFailed);
       return;
     }
     stats_.replies.inc();

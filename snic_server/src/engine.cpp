@@ -383,6 +383,18 @@ void Engine::answer(Service* service, uint64_t token, Reply reply, Clock::time_p
     return;
   }
   route->sink->deliver(token, route->peer, std::move(reply));
+  // A burst's replies mostly go to a few sinks, often the last one again.
+  if (to_flush_.empty() || to_flush_.back() != route->sink) {
+    if (std::find(to_flush_.begin(), to_flush_.end(), route->sink) == to_flush_.end()) {
+      to_flush_.push_back(std::move(route->sink));
+    }
+  }
+}
+
+void Engine::flush_replies() {
+  for (const std::shared_ptr<ReplySink>& sink : to_flush_)
+    sink->flush();
+  to_flush_.clear();
 }
 
 bool Engine::apply_commands() {
@@ -457,23 +469,27 @@ void Engine::run() {
   for (;;) {
     round_seen_ = submitted_.load(std::memory_order_seq_cst);
     bool busy = apply_commands();
+    flush_replies();
     if (stopping_.load(std::memory_order_relaxed)) break;
     for (size_t i = 0; i < regions_.size();) {
       Attached& a = regions_[i];
       std::string fault;
       busy |= a.region->binding().serve(*this, *a.region, fault);
+      flush_replies();  // this region's replies go out before the next region is polled
       if (!fault.empty()) {
         spdlog::error("{}: {}; the region is dropped", a.region->label(), fault);
         if (a.region->service() != nullptr) a.region->service()->remove(a.region.get());
         fail_region(a, "agent fault: " + fault);
         std::shared_ptr<AgentRegion> dropped = std::move(a.region);
         regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
+        flush_replies();
         dropped->notify_fault(fault);
         continue;
       }
       if (a.draining &&
           (a.region->binding().in_flight() == 0 || Clock::now() >= a.drain_deadline)) {
         fail_region(a, "agent detached");
+        flush_replies();
         regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
         continue;
       }
@@ -487,6 +503,7 @@ void Engine::run() {
   }
   for (Attached& a : regions_)
     fail_region(a, "server shutting down");
+  flush_replies();
   regions_.clear();
 }
 

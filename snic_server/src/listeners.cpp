@@ -12,6 +12,8 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -125,11 +127,18 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     read();
   }
 
+  // Engine thread (see ReplySink): a burst's replies reach the strand in one post.
   void deliver(uint64_t token, const udp::endpoint&, Reply reply) override {
+    outgoing_.emplace_back(token, std::move(reply));
+  }
+  void flush() override {
+    if (outgoing_.empty()) return;
     asio::post(socket_.get_executor(),
-               [self = shared_from_this(), token, r = std::move(reply)]() mutable {
-                 self->on_reply(token, std::move(r));
+               [self = shared_from_this(), batch = std::move(outgoing_)]() mutable {
+                 for (auto& [token, reply] : batch)
+                   self->on_reply(token, std::move(reply));
                });
+    outgoing_.clear();  // moved-from: make it empty and usable again
   }
 
   // Server shutdown: stop reading; close once the replies in flight are written.
@@ -264,7 +273,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     p.reply = Reply{Reply::Kind::kError, reason};
     pending_.push_back(std::move(p));
     next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
-    flush();
+    write_ready();
   }
 
   void on_reply(uint64_t token, Reply reply) {
@@ -286,7 +295,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     }
     pending_[index].done = true;
     pending_[index].reply = std::move(reply);
-    flush();
+    write_ready();
   }
 
   void frame(const std::string& payload) {
@@ -295,7 +304,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   }
 
   // Moves the replies at the front that are complete into the output, in request order.
-  void flush() {
+  void write_ready() {
     while (!pending_.empty() && pending_.front().done && !closing_after_write_) {
       Pending& p = pending_.front();
       bool fatal = p.fatal;
@@ -383,6 +392,8 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   std::shared_ptr<TcpShared> shared_;
   tcp::socket socket_;
   uint64_t id_;
+  // Replies delivered by the engine and not yet flushed to the strand: engine thread only.
+  std::vector<std::pair<uint64_t, Reply>> outgoing_;
   std::string peer_;
   std::optional<uint64_t> token_base_;
   bool counted_ = false;
@@ -527,19 +538,43 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     }
   }
 
-  // Runs on the engine thread. A datagram needs no ordering with anything else on the socket,
-  // so the reply goes out from here, through the socket's reply descriptor (see Socket): a
-  // hand-off to the I/O thread would cost a wake-up of that thread on every reply.
+  // Engine thread (see ReplySink). A datagram needs no ordering with anything else on the
+  // socket, so replies go out from the engine thread itself, a burst per sendmmsg() through the
+  // socket's reply descriptor (see Socket): handing each to the I/O thread would cost a wake-up
+  // of that thread, and one system call per reply the engine's time.
   void deliver(uint64_t token, const udp::endpoint& peer, Reply reply) override {
     replies_.release(token);
     const uint32_t i = split_token(token).slot % static_cast<uint32_t>(sockets_.size());
-    answer(*sockets_[i], peer, std::move(reply));
+    Socket& s = *sockets_[i];
+    switch (reply.kind) {
+      case Reply::Kind::kNoReply:
+        return;
+      case Reply::Kind::kData:
+        s.outgoing.push_back(Datagram{peer, std::move(reply.bytes)});
+        break;
+      case Reply::Kind::kError:
+        if (!config_.error_reply) stats_.drop(DropReason::kRequestFailed);
+        if (auto text = format_error_reply(config_, reply.bytes)) {
+          s.outgoing.push_back(Datagram{peer, std::move(*text)});
+        }
+        break;
+    }
+  }
+
+  void flush() override {
+    for (auto& s : sockets_) {
+      if (!s->outgoing.empty()) send_outgoing(*s);
+    }
   }
 
   uint16_t port() const { return port_; }
   const std::string& name() const { return name_; }
 
  private:
+  struct Datagram {
+    udp::endpoint peer;
+    std::string bytes;
+  };
   struct Socket {
     Socket(asio::io_context& io, uint32_t max_message_bytes)
         : socket(asio::make_strand(io)), buffer(size_t{max_message_bytes} + 1) {}
@@ -555,7 +590,8 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     // on an open descriptor. Being a duplicate, it stays valid until this object is destroyed,
     // even once `socket` is closed, so a reply racing with close() still has a socket.
     int reply_fd = -1;
-    std::vector<char> buffer;  // one byte more than the largest message: detects oversize
+    std::vector<Datagram> outgoing;  // replies not yet flushed: engine thread only
+    std::vector<char> buffer;        // one byte more than the largest message: detects oversize
     udp::endpoint peer;
   };
 
@@ -603,22 +639,42 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     }
   }
 
-  void answer(Socket& s, const udp::endpoint& peer, Reply r) {
-    switch (r.kind) {
-      case Reply::Kind::kNoReply:
-        return;
-      case Reply::Kind::kData:
-        send(s, peer, r.bytes);
-        return;
-      case Reply::Kind::kError:
-        if (!config_.error_reply) stats_.drop(DropReason::kRequestFailed);
-        send_error(s, peer, r.bytes);
-        return;
-    }
-  }
-
   void send_error(Socket& s, const udp::endpoint& peer, const std::string& reason) {
     if (auto text = format_error_reply(config_, reason)) send(s, peer, *text);
+  }
+
+  // Engine thread: sends s.outgoing, up to kSendBatch datagrams per sendmmsg(). Never blocks: a
+  // full send buffer drops what is left of the burst, another error the datagram it hit.
+  void send_outgoing(Socket& s) {
+    constexpr size_t kSendBatch = 64;
+    std::array<mmsghdr, kSendBatch> headers;
+    std::array<iovec, kSendBatch> pieces;
+    size_t next = 0;
+    while (next < s.outgoing.size()) {
+      const size_t n = std::min(kSendBatch, s.outgoing.size() - next);
+      for (size_t k = 0; k < n; ++k) {
+        Datagram& d = s.outgoing[next + k];
+        pieces[k] = iovec{d.bytes.data(), d.bytes.size()};
+        headers[k] = mmsghdr{};
+        headers[k].msg_hdr.msg_name = d.peer.data();
+        headers[k].msg_hdr.msg_namelen = static_cast<socklen_t>(d.peer.size());
+        headers[k].msg_hdr.msg_iov = &pieces[k];
+        headers[k].msg_hdr.msg_iovlen = 1;
+      }
+      const int sent =
+          ::sendmmsg(s.reply_fd, headers.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
+      if (sent > 0) {
+        stats_.replies.inc(static_cast<uint64_t>(sent));
+        next += static_cast<size_t>(sent);
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        for (; next < s.outgoing.size(); ++next)
+          stats_.drop(DropReason::kSendBufferFull);
+      } else if (errno != EINTR) {
+        stats_.drop(DropReason::kSendFailed);
+        ++next;
+      }
+    }
+    s.outgoing.clear();
   }
 
   // Any thread (see Socket::reply_fd). Never blocks: a full send buffer drops the reply.

@@ -158,10 +158,12 @@ class Engine {
   // Requests dispatched to some region and not yet answered or failed.
   int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
 
-  // Routes one answer (a reply, or a failure) to its client; counts it on `service`.
-  // Engine thread (and tests).
+  // Routes one answer (a reply, or a failure) to its client; counts it on `service`. The sink
+  // may hold it until flush_replies(). Engine thread (and tests).
   void answer(Service* service, uint64_t token, Reply reply,
               std::chrono::steady_clock::time_point submitted);
+  // Flushes every sink answer() delivered to since the last call (see ReplySink).
+  void flush_replies();
 
  private:
   friend class RegionBinding;
@@ -192,7 +194,8 @@ class Engine {
 
   std::mutex commands_m_;
   std::vector<Command> commands_;
-  std::vector<Attached> regions_;  // engine thread only
+  std::vector<Attached> regions_;                     // engine thread only
+  std::vector<std::shared_ptr<ReplySink>> to_flush_;  // engine thread only
 
   // Dekker-style handshake between notify() and the sleeping engine: the submitter bumps
   // `submitted_` after queuing and then reads `sleeping_`; the engine sets `sleeping_` and

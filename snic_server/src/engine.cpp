@@ -393,7 +393,7 @@ void Engine::answer(Service* service, uint64_t token, Reply reply, Clock::time_p
 
 void Engine::flush_replies() {
   for (const std::shared_ptr<ReplySink>& sink : to_flush_)
-    sink->flush();
+    sink->end_burst();
   to_flush_.clear();
 }
 

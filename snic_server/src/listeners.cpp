@@ -131,7 +131,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   void deliver(uint64_t token, const udp::endpoint&, Reply reply) override {
     outgoing_.emplace_back(token, std::move(reply));
   }
-  void flush() override {
+  void end_burst() override {
     if (outgoing_.empty()) return;
     asio::post(socket_.get_executor(),
                [self = shared_from_this(), batch = std::move(outgoing_)]() mutable {
@@ -561,7 +561,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     }
   }
 
-  void flush() override {
+  void end_burst() override {
     for (auto& s : sockets_) {
       if (!s->outgoing.empty()) send_outgoing(*s);
     }

@@ -50,6 +50,9 @@ gen caracal-echo-udp-closed --port "$E_UDP" --proto udp --handler echo --sizes $
   --connections 2 --window 4 --threads 2
 gen caracal-echo-tcp-closed --port "$E_TCP" --proto tcp --handler echo --sizes $SIZES \
   --connections 2 --window 8 --threads 2
+# 256 datagrams in flight: the engine flushes replies in bursts larger than one sendmmsg (64).
+gen caracal-echo-udp-burst --port "$E_UDP" --proto udp --handler echo --size 64 \
+  --connections 4 --window 64 --threads 2
 gen caracal-echo-udp-open --port "$E_UDP" --proto udp --handler echo --size 64 --mode open \
   --rate 2000 --connections 2 --window 16
 gen caracal-echo-tcp-open --port "$E_TCP" --proto tcp --handler echo --size 1024 --mode open \

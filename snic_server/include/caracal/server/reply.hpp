@@ -54,18 +54,18 @@ struct Reply {
   std::string bytes;  // payload, or the error text
 };
 
-// A TCP connection, or a UDP listener for its requests. deliver() and flush() are called from
+// A TCP connection, or a UDP listener for its requests. deliver() and end_burst() are called from
 // the engine thread only, and must not block.
 //
-// deliver() may hold the reply: the engine calls flush() on every sink it delivered to once it
-// has finished a burst (the replies it read from one region in one round, or the failures of
+// deliver() may hold the reply: the engine calls end_burst() on every sink it delivered to once
+// it has finished a burst (the replies it read from one region in one round, or the failures of
 // one command), so a sink can hand a whole burst over at once: one sendmmsg() for a UDP socket,
 // one post to a TCP connection's strand, instead of one for every reply.
 class ReplySink {
  public:
   virtual ~ReplySink() = default;
   virtual void deliver(uint64_t token, const boost::asio::ip::udp::endpoint& peer, Reply reply) = 0;
-  virtual void flush() {}
+  virtual void end_burst() {}
 };
 
 // The slots. acquire/release/route are thread-safe; each slot has its own lock, so the engine

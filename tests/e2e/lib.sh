@@ -40,6 +40,12 @@ PIDS=()
 
 cleanup() {
   local rc=$?
+  # On failure, the server's queues as it saw them, before anything is stopped.
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ -n "${METRICS_PORT:-}" ]; then
+    echo "===== queue metrics at the failure"
+    curl -sf -m 5 "http://127.0.0.1:$METRICS_PORT/metrics" |
+      grep -E '^caracal_(queue_|rdma_|service_(errors|replies)|agents)' || true
+  fi
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done

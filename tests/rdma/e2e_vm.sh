@@ -26,6 +26,10 @@ for s in "$@"; do
   [ "$rc" -eq 0 ] || failed+=("$s (exit $rc)")
 done
 if [ "${#failed[@]}" -ne 0 ]; then
+  # rxe's own counters: retransmissions and sequence errors say whether packets were lost.
+  for c in /sys/class/infiniband/*/ports/1/hw_counters/*; do
+    [ -r "$c" ] && [ "$(cat "$c")" != 0 ] && echo "rxe counter $(basename "$c") = $(cat "$c")"
+  done
   echo "FAILED: ${failed[*]}"
   exit 1
 fi

@@ -383,17 +383,17 @@ void Engine::answer(Service* service, uint64_t token, Reply reply, Clock::time_p
     return;
   }
   route->sink->deliver(token, route->peer, std::move(reply));
-  // A burst's replies mostly go to a few sinks, often the last one again.
-  if (to_flush_.empty() || to_flush_.back() != route->sink) {
-    if (std::find(to_flush_.begin(), to_flush_.end(), route->sink) == to_flush_.end()) {
-      to_flush_.push_back(std::move(route->sink));
-    }
+  if (!route->sink->awaiting_end_burst) {
+    route->sink->awaiting_end_burst = true;
+    to_flush_.push_back(std::move(route->sink));
   }
 }
 
 void Engine::flush_replies() {
-  for (const std::shared_ptr<ReplySink>& sink : to_flush_)
+  for (const std::shared_ptr<ReplySink>& sink : to_flush_) {
+    sink->awaiting_end_burst = false;
     sink->end_burst();
+  }
   to_flush_.clear();
 }
 

@@ -121,16 +121,6 @@ dpdk_mac() {
   sed -nE "s/.*dpdk port .* $DPDK_IP ([0-9A-Fa-f:]{17}) mtu.*/\1/p" "$WORK/server.log" | head -1
 }
 
-# pingpong_ok OUT WHAT: sockperf ping-pong output with replies and nothing lost, duplicated or
-# reordered; prints the latency lines.
-pingpong_ok() {
-  local out=$1 what=$2
-  grep -q "Summary: Latency is" "$out" || fail "$what: sockperf reported no latency"
-  grep -Eq "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0" "$out" ||
-    fail "$what: sockperf saw dropped, duplicated or out-of-order messages"
-  if grep -q "No messages were received" "$out"; then fail "$what: no replies"; fi
-  grep -E "Summary: Latency|percentile 50.000|percentile 99.000" "$out" | sed "s/^/$what: /"
-}
 
 # mbufs_settle BASELINE: waits until the pool has BASELINE mbufs available again.
 mbufs_settle() {

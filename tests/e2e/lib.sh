@@ -135,3 +135,14 @@ YAML
 metric() {
   curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E "^$1" | awk '{s += $NF} END {print s + 0}'
 }
+
+# pingpong_ok OUT WHAT: sockperf ping-pong output with replies and nothing lost, duplicated or
+# reordered; prints the latency lines.
+pingpong_ok() {
+  local out=$1 what=$2
+  grep -q "Summary: Latency is" "$out" || fail "$what: sockperf reported no latency"
+  grep -Eq "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0" "$out" ||
+    fail "$what: sockperf saw dropped, duplicated or out-of-order messages"
+  if grep -q "No messages were received" "$out"; then fail "$what: no replies"; fi
+  grep -E "Summary: Latency|percentile 50.000|percentile 99.000" "$out" | sed "s/^/$what: /"
+}

@@ -19,19 +19,10 @@ start_agent echo-1 "$ECHO_AGENT" "  - { name: echo, queues: 2, ring_capacity: 25
 UDP=$(port_of "udp/127.0.0.1:0")
 TCP=$(port_of "tcp/127.0.0.1:0")
 
-check_pingpong() {
-  local out=$1 what=$2
-  grep -q "Summary: Latency is" "$out" || fail "$what: sockperf reported no latency"
-  grep -Eq "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0" "$out" ||
-    fail "$what: sockperf saw dropped, duplicated or out-of-order messages"
-  if grep -q "No messages were received" "$out"; then fail "$what: no replies"; fi
-  grep -E "Summary: Latency|percentile 50.000|percentile 99.000" "$out" | sed "s/^/$what: /"
-}
-
 sockperf ping-pong -i 127.0.0.1 -p "$UDP" -m 64 -t 3 >"$WORK/pp-udp.out" 2>&1 || fail "sockperf UDP ping-pong exited $?"
-check_pingpong "$WORK/pp-udp.out" "UDP ping-pong"
+pingpong_ok "$WORK/pp-udp.out" "UDP ping-pong"
 sockperf ping-pong --tcp -i 127.0.0.1 -p "$TCP" -m 64 -t 3 >"$WORK/pp-tcp.out" 2>&1 || fail "sockperf TCP ping-pong exited $?"
-check_pingpong "$WORK/pp-tcp.out" "TCP ping-pong"
+pingpong_ok "$WORK/pp-tcp.out" "TCP ping-pong"
 
 # Throughput: sockperf asks for no replies, so the handler sends none; every message must
 # reach the server (TCP) and the service must report no errors.

@@ -66,6 +66,9 @@ class ReplySink {
   virtual ~ReplySink() = default;
   virtual void deliver(uint64_t token, const boost::asio::ip::udp::endpoint& peer, Reply reply) = 0;
   virtual void end_burst() {}
+
+  // Whether the engine has this sink on its list for end_burst(): engine thread only.
+  bool awaiting_end_burst = false;
 };
 
 // The slots. acquire/release/route are thread-safe; each slot has its own lock, so the engine

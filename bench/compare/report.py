@@ -140,6 +140,22 @@ def markdown(run):
                 lines.append("| " + " | ".join(row) + " |")
         lines.append("")
 
+    sats = [q for q in pts if q.get("kind") == "saturation" and q.get("threads")]
+    if sats:
+        lines.append("## Where the server cores go at saturation (cores per thread name)")
+        lines.append("")
+        lines.append("Threads of one name are summed (caracal-io: snic_server's I/O threads, "
+                     "caracal-engine: its engine, caracal_*_agent: the agent's main thread).")
+        lines.append("")
+        lines.append("| server | handler | proto | size | cores | threads |")
+        lines.append("|---|---|---|---|---|---|")
+        for q in sats:
+            per = sorted(q["threads"].items(), key=lambda kv: -kv[1])
+            lines.append(f"| {q['server']} | {q['handler']} | {q['proto']} | {q['size']} | "
+                         f"{q.get('cpu_cores') or 0:.2f} | "
+                         + ", ".join(f"{n} {c:.2f}" for n, c in per) + " |")
+        lines.append("")
+
     opens = [q for q in pts if str(q.get("kind", "")).startswith("open-") and "latency" in q]
     if opens:
         lines.append("## Latency against offered load (open loop)")

@@ -134,6 +134,30 @@ ticks() {
   echo "$sum"
 }
 
+# CPU ticks of the server's threads so far, summed per thread name (caracal-io,
+# caracal-engine, ...): "name<TAB>ticks" lines.
+thread_ticks() {
+  local pid t stat name
+  for pid in "${SERVER_PIDS[@]}"; do
+    for t in /proc/"$pid"/task/*; do
+      stat=$(cat "$t/stat" 2>/dev/null) || continue
+      name=${stat#*(}
+      name=${name%)*}
+      set -- ${stat##*) }
+      printf '%s\t%s\n' "$name" "$((${12} + ${13}))"
+    done
+  done | awk -F'\t' '{ a[$1] += $2 } END { for (k in a) printf "%s\t%d\n", k, a[k] }'
+}
+
+# threads_json BEFORE AFTER SECONDS: {"name": cores, ...} from two thread_ticks outputs.
+threads_json() {
+  awk -F'\t' -v hz="$CLK_TCK" -v secs="$3" '
+    NR == FNR { before[$1] = $2; next }
+    { c = ($2 - before[$1]) / hz / secs; if (c < 0.005) next
+      gsub(/["\\]/, "_", $1); s = s (s == "" ? "" : ",") sprintf("\"%s\":%.3f", $1, c) }
+    END { printf "{%s}", s }' <(printf '%s\n' "$1") <(printf '%s\n' "$2")
+}
+
 # start_server SERVER HANDLER: starts it; sets UDP_PORT, TCP_PORT and SERVER_PIDS.
 start_server() {
   local server=$1 handler=$2 log="$RAW/$1-$2"
@@ -208,7 +232,8 @@ point() {
   local port=$UDP_PORT
   [ "$proto" = tcp ] && port=$TCP_PORT
   local name="$server-$handler-$proto-$size-$kind"
-  local t0 t1 w0 w1 rc
+  local t0 t1 w0 w1 rc threads_before threads="{}"
+  [ "$kind" = saturation ] && threads_before=$(thread_ticks)
   t0=$(ticks)
   w0=$(date +%s.%N)
   "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
@@ -220,8 +245,12 @@ point() {
   local cores
   cores=$(awk -v t="$((t1 - t0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
     'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
-  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s","loadgen_rc":%d,"cpu_cores":%s,"json":"%s"}\n' \
-    "$server" "$handler" "$proto" "$size" "$kind" "$rc" "$cores" "$name.json" >>"$POINTS"
+  if [ "$kind" = saturation ]; then
+    threads=$(threads_json "$threads_before" "$(thread_ticks)" \
+      "$(awk -v a="$w0" -v b="$w1" 'BEGIN { print b - a }')")
+  fi
+  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s","loadgen_rc":%d,"cpu_cores":%s,"threads":%s,"json":"%s"}\n' \
+    "$server" "$handler" "$proto" "$size" "$kind" "$rc" "$cores" "$threads" "$name.json" >>"$POINTS"
   log "$name: $(head -1 "$RAW/$name.out") [server cores $cores]"
   [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
 }

@@ -37,6 +37,7 @@
 #include "caracal/mqueue/platform.hpp"
 #include "caracal/mqueue/remote_region.hpp"
 #include "caracal/mqueue/shm.hpp"
+#include "matvec.hpp"
 
 namespace caracal::bench {
 namespace {
@@ -68,6 +69,21 @@ struct Echo {
       accel::group_copy(ctx.group(), resps[i].data, reqs[i].data, reqs[i].size);
       resps[i].size = reqs[i].size;
     }
+  }
+};
+
+// The baseline for the copy above: the same 16-byte words, but each thread stores a word before
+// it loads the next, so it has one read across PCIe in flight (what group_copy did before it
+// issued several loads per step).
+struct EchoOneWordInFlight {
+  static constexpr Granularity kGranularity = Granularity::kWarp;
+  __device__ void operator()(const accel::Request& req, accel::Response& resp,
+                             accel::Context& ctx) const {
+    const auto* src = reinterpret_cast<const uint4*>(req.data);
+    auto* dst = reinterpret_cast<uint4*>(resp.data);
+    for (uint32_t i = ctx.group().rank(); i < req.size / 16; i += ctx.group().size())
+      dst[i] = src[i];
+    resp.size = req.size;
   }
 };
 
@@ -300,6 +316,9 @@ struct GpuSide {
   std::optional<accel::gpu::GpuAccelerator<H>> acc_;
 };
 
+// Round trips of one message at a time through queue 0, answered by H (an echo: the reply must
+// have the request's length).
+template <class H = Echo<1>>
 LatencySummary measure_rtt(uint32_t count, uint32_t message,
                            const accel::GpuOptions& options = {}) {
   RingSetup setup;
@@ -307,7 +326,7 @@ LatencySummary measure_rtt(uint32_t count, uint32_t message,
   setup.capacity = 256;
   mqueue::ShmMapping region = make_region(setup);
   Shared* shared = map_shared(count);
-  GpuSide<Echo<1>> gpu(region);
+  GpuSide<H> gpu(region);
   const std::string err = run_pair(
       shared,
       [&] {
@@ -533,6 +552,22 @@ int main(int argc, char** argv) {
       std::printf("step %d (%s): p50 %.2f us p99 %.2f us\n", k, kStepNames[k],
                   steps.back().p50_ns / 1e3, steps.back().p99_ns / 1e3);
     }
+    // 16 KiB: the copy with several reads in flight per thread, next to one read in flight.
+    struct SizedRtt {
+      std::string what;
+      LatencySummary latency;
+    };
+    std::vector<SizedRtt> large;
+    auto large_rtt = [&](const char* what, LatencySummary s) {
+      std::printf("rtt 16 KiB, %s: p50 %.2f us p99 %.2f us\n", what, s.p50_ns / 1e3,
+                  s.p99_ns / 1e3);
+      large.push_back({what, s});
+    };
+    const uint32_t large_samples = std::max(1000u, samples / 10);
+    large_rtt("echo (group_copy)", measure_rtt<Echo<1>>(large_samples, 16384));
+    large_rtt("echo, one read in flight per thread",
+              measure_rtt<EchoOneWordInFlight>(large_samples, 16384));
+    large_rtt("matvec (examples/matvec)", measure_rtt<caracal::examples::MatVec>(large_samples, 16384));
     std::fflush(stdout);
     if (latency_only) return 0;
     const double h2d = h2d_bandwidth_gbytes();
@@ -556,6 +591,13 @@ int main(int argc, char** argv) {
       run(measure_throughput<Echo<32>>("echo", q, 1024, 1024, seconds, max_threads));
       run(measure_throughput<Sink<1>>("sink", q, 1024, 8, seconds, max_threads));
       run(measure_throughput<Sink<32>>("sink", q, 1024, 8, seconds, max_threads));
+    }
+    for (uint32_t q : {8u, 32u}) {
+      run(measure_throughput<Echo<1>>("echo", q, 16384, 16384, seconds, max_threads));
+      run(measure_throughput<EchoOneWordInFlight>("echo, one read in flight", q, 16384, 16384,
+                                                  seconds, max_threads));
+      run(measure_throughput<Sink<1>>("sink", q, 16384, 8, seconds, max_threads));
+      run(measure_throughput<caracal::examples::MatVec>("matvec", q, 16384, 16384, seconds, max_threads));
     }
 
     std::ofstream out(json_path);
@@ -593,6 +635,17 @@ int main(int argc, char** argv) {
       j.value(kStepNames[k]);
       j.key("latency");
       write_latency(j, steps[k]);
+      j.end_object();
+    }
+    j.end_array();
+    j.key("rtt_16KiB");
+    j.begin_array();
+    for (const SizedRtt& r : large) {
+      j.begin_object();
+      j.key("handler");
+      j.value(r.what);
+      j.key("latency");
+      write_latency(j, r.latency);
       j.end_object();
     }
     j.end_array();
@@ -646,6 +699,9 @@ int main(int argc, char** argv) {
     row("the same, burst 1", rtt_single);
     for (size_t k = 0; k < steps.size(); ++k)
       row((std::string("step: ") + kStepNames[k]).c_str(), steps[k]);
+    md << "\n| round trip, 16 KiB | p50 | p90 | p99 | p99.9 |\n| --- | --- | --- | --- | --- |\n";
+    for (const SizedRtt& r : large)
+      row(r.what.c_str(), r.latency);
     md << "\nRound trip over floor at p50: " << static_cast<double>(rtt.p50_ns) / floor.p50_ns
        << "x. Host-to-device copy bandwidth (pinned, 256 MiB): " << h2d << " GB/s.\n\n";
     md << "| handler | batch | queues | request B | reply B | driver threads | M msg/s | request "

@@ -1,5 +1,6 @@
 #include "caracal/server/control_endpoint.hpp"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/read.hpp>
@@ -49,6 +50,7 @@ class BlockingWorker {
 
  private:
   void run() {
+    pthread_setname_np(pthread_self(), "caracal-connect");
     for (;;) {
       std::function<void()> job;
       {

@@ -1,5 +1,6 @@
 #include "caracal/server/engine.hpp"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -316,7 +317,10 @@ Engine::~Engine() {
 void Engine::start() {
   if (thread_.joinable()) return;
   stopping_.store(false);
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "caracal-engine");
+    run();
+  });
 }
 
 void Engine::stop() {

@@ -1,5 +1,6 @@
 #include "caracal/server/server.hpp"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -62,6 +63,7 @@ Status Server::start() {
   }
   for (uint32_t i = 0; i < config_.io_threads; ++i) {
     threads_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "caracal-io");  // for top -H and the benchmarks
       auto guard = boost::asio::make_work_guard(io_);
       io_.run();
     });

@@ -8,6 +8,8 @@
 // SmartNIC as RX credits it does not get back) until the SmartNIC drains it.
 #pragma once
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -78,6 +80,7 @@ class CpuAccelerator {
     std::atomic<uint32_t> started{0};
     for (uint32_t w = 0; w < options_.workers; ++w) {
       threads_.emplace_back([this, w, &pin_status, &started] {
+        pthread_setname_np(pthread_self(), "caracal-cpu");
         if (!options_.cpus.empty()) {
           pin_status[w] = detail::pin_current_thread(w, options_.cpus[w % options_.cpus.size()]);
         }

@@ -323,6 +323,7 @@ LatencySummary measure_rtt(uint32_t count, uint32_t message,
                            const accel::GpuOptions& options = {}) {
   RingSetup setup;
   setup.message = message;
+  setup.slot_bytes = message <= 112 ? 128 : 2048;
   setup.capacity = 256;
   mqueue::ShmMapping region = make_region(setup);
   Shared* shared = map_shared(count);

@@ -453,6 +453,64 @@ TEST_P(RingTest, WithoutRefreshTheConsumerStopsAtTheTailItKnows) {
   EXPECT_EQ(e.token, 2u);
 }
 
+// A transport may replay an old index write after newer ones (Soft-RoCE does): the tail word
+// then goes backwards. A consumer that took it would read past the producer's entries into
+// stale slots; it keeps the tail it knows instead, and takes the next valid one.
+TEST_P(RingTest, ATailBehindWhatWasReadIsIgnored) {
+  LocalRing ring(kSmall, start());
+  RingProducer p = ring.producer();
+  RingConsumer c = ring.consumer();
+  for (uint32_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(push_message(p, {}, 10 + i));
+  }
+  p.publish();
+  for (uint32_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pop_message(c).has_value());
+  }
+  ring.tail_word() = start() + 1;  // an old publication lands late
+  Entry e;
+  EXPECT_EQ(c.next(e), PollResult::kEmpty);
+  EXPECT_EQ(c.pending_slots(), 0u);
+  ring.tail_word() = start() - 5 * kSmall.capacity;  // far behind: a huge unsigned distance
+  EXPECT_EQ(c.next(e), PollResult::kEmpty);
+  ASSERT_TRUE(push_message(p, {}, 13));
+  p.publish();
+  std::optional<Message> m = pop_message(c);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->token, 13u);
+}
+
+// The same for the producer: a head outside [the head it knows, its tail] would count slots as
+// free that the consumer still reads.
+TEST_P(RingTest, AHeadOutsideTheKnownHeadAndTheTailIsIgnored) {
+  LocalRing ring(kSmall, start());
+  RingProducer p = ring.producer();
+  RingConsumer c = ring.consumer();
+  for (uint32_t i = 0; i < kSmall.capacity; ++i) {
+    ASSERT_TRUE(push_message(p, {}, i));
+  }
+  p.publish();
+  for (uint32_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(pop_message(c).has_value());
+  }
+  c.release();
+  c.publish();
+  p.refresh_credits();
+  ASSERT_EQ(p.credits(), 2u);
+  ring.head_word() = start() + 1;  // behind the head the producer knows
+  p.refresh_credits();
+  EXPECT_EQ(p.credits(), 2u);
+  ring.head_word() = start() - kSmall.capacity;  // a full ring behind: would read as all free
+  p.refresh_credits();
+  EXPECT_EQ(p.credits(), 2u);
+  ring.head_word() = start() + kSmall.capacity + 1;  // past the tail
+  p.refresh_credits();
+  EXPECT_EQ(p.credits(), 2u);
+  ring.head_word() = start() + 3;  // valid again
+  p.refresh_credits();
+  EXPECT_EQ(p.credits(), 3u);
+}
+
 TEST_P(RingTest, PeekGivesTheFirstUnreadSlotAndTheSlotsPublishedUpToTheEnd) {
   LocalRing ring(kSmall, start());
   RingProducer p = ring.producer();

@@ -189,7 +189,18 @@ inline std::string run_echo_accelerator(const RegionView& view,
         }
         if (std::string err = check_message("request", q, seq, e, kRequestSalt, 0, g);
             !err.empty()) {
-          return "accelerator: " + err;
+          // Whether the right entry arrives later (published before its bytes landed) or never.
+          const uint32_t pending = rx[q].pending_slots();
+          const uint32_t read = rx[q].read_position();
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          SlotHeader later;
+          std::memcpy(&later, e.payload - kSlotHeaderBytes, sizeof(later));
+          return "accelerator: " + err + " [read position " + std::to_string(read) +
+                 ", slots published past it " + std::to_string(pending) + ", slot " +
+                 std::to_string((read - slots_for(e.length, g.slot_bytes)) % g.capacity) +
+                 "; 20 ms later its header holds queue " + std::to_string(later.token >> 48) +
+                 " seq " + std::to_string(later.token & ((uint64_t{1} << 48) - 1)) +
+                 ", tail word now " + std::to_string(load_acquire(view.index_word(IndexArray::kRxTail, q))) + "]";
         }
         const uint64_t reply_seed = message_seed(q, seq, kReplySalt);
         const uint32_t reply_length = message_length(reply_seed, g);

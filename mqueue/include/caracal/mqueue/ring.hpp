@@ -180,7 +180,14 @@ class RingProducer {
   }
 
   // Re-reads the consumer's head (acquire: its reads of released slots are complete).
-  CARACAL_INLINE void refresh_credits() { head_shadow_ = load_acquire(head_word_); }
+  // Re-reads the consumer's head (acquire: pairs with RingConsumer::publish). A value outside
+  // [shadow, tail] is not a head this ring has had since the shadow: an index write replayed
+  // late by the transport (see RingConsumer::refresh_tail) or a peer bug. It is ignored, so
+  // the producer never counts slots as free that the consumer has not given back.
+  CARACAL_INLINE void refresh_credits() {
+    const uint32_t head = load_acquire(head_word_);
+    if (head - head_shadow_ <= tail_ - head_shadow_) head_shadow_ = head;
+  }
 
   CARACAL_INLINE uint32_t credits() const {
     return free_slots(tail_, head_shadow_, geometry_.capacity);
@@ -310,7 +317,17 @@ class RingConsumer {
   }
 
   // Re-reads the producer's tail (acquire: the entries up to it are fully written).
-  CARACAL_INLINE void refresh_tail() { tail_shadow_ = load_acquire(tail_word_); }
+  //
+  // A tail behind what was already read is stale and ignored: a valid tail is never more than
+  // a ring ahead of the head, so `tail - read` is at most the capacity, and a tail that went
+  // backwards shows as a huge unsigned distance. The protocol never writes one, but a
+  // transport may replay an old index write after newer ones: Soft-RoCE (rdma_rxe) does, after
+  // a retransmission (see mqueue/README.md). Taken as is, such a tail would send the consumer
+  // past the producer's entries into stale slots.
+  CARACAL_INLINE void refresh_tail() {
+    const uint32_t tail = load_acquire(tail_word_);
+    if (tail - read_ <= geometry_.capacity) tail_shadow_ = tail;
+  }
 
   CARACAL_INLINE uint32_t pending_slots() const { return tail_shadow_ - read_; }
   CARACAL_INLINE EntryCheck last_check() const { return last_check_; }

@@ -568,7 +568,8 @@ int main(int argc, char** argv) {
     large_rtt("echo (group_copy)", measure_rtt<Echo<1>>(large_samples, 16384));
     large_rtt("echo, one read in flight per thread",
               measure_rtt<EchoOneWordInFlight>(large_samples, 16384));
-    large_rtt("matvec (examples/matvec)", measure_rtt<caracal::examples::MatVec>(large_samples, 16384));
+    large_rtt("matvec (examples/matvec)",
+              measure_rtt<caracal::examples::MatVec>(large_samples, 16384));
     std::fflush(stdout);
     if (latency_only) return 0;
     const double h2d = h2d_bandwidth_gbytes();
@@ -598,7 +599,8 @@ int main(int argc, char** argv) {
       run(measure_throughput<EchoOneWordInFlight>("echo, one read in flight", q, 16384, 16384,
                                                   seconds, max_threads));
       run(measure_throughput<Sink<1>>("sink", q, 16384, 8, seconds, max_threads));
-      run(measure_throughput<caracal::examples::MatVec>("matvec", q, 16384, 16384, seconds, max_threads));
+      run(measure_throughput<caracal::examples::MatVec>("matvec", q, 16384, 16384, seconds,
+                                                        max_threads));
     }
 
     std::ofstream out(json_path);

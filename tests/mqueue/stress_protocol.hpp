@@ -200,7 +200,8 @@ inline std::string run_echo_accelerator(const RegionView& view,
                  std::to_string((read - slots_for(e.length, g.slot_bytes)) % g.capacity) +
                  "; 20 ms later its header holds queue " + std::to_string(later.token >> 48) +
                  " seq " + std::to_string(later.token & ((uint64_t{1} << 48) - 1)) +
-                 ", tail word now " + std::to_string(load_acquire(view.index_word(IndexArray::kRxTail, q))) + "]";
+                 ", tail word now " +
+                 std::to_string(load_acquire(view.index_word(IndexArray::kRxTail, q))) + "]";
         }
         const uint64_t reply_seed = message_seed(q, seq, kReplySalt);
         const uint32_t reply_length = message_length(reply_seed, g);

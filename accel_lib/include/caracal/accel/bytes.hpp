@@ -24,21 +24,22 @@ namespace detail {
 inline constexpr uint32_t kCopyWordsInFlight = 8;
 
 // Copies the 16-byte words first, first + stride, ... below `words`: each step loads up to
-// kCopyWordsInFlight words into registers, then stores them.
+// kCopyWordsInFlight words into registers, then stores them. The loads of a step are
+// predicated, not a separate tail loop, so a copy shorter than a full step (1 KiB is two words
+// per lane of a warp) also has all its reads in flight at once.
 __device__ __forceinline__ void copy_words(uint4* dst, const uint4* src, uint32_t words,
                                            uint32_t first, uint32_t stride) {
-  uint32_t i = first;
-  for (; i + (kCopyWordsInFlight - 1) * stride < words; i += kCopyWordsInFlight * stride) {
+  for (uint32_t i = first; i < words; i += kCopyWordsInFlight * stride) {
     uint4 w[kCopyWordsInFlight];
 #pragma unroll
-    for (uint32_t k = 0; k < kCopyWordsInFlight; ++k)
-      w[k] = src[i + k * stride];
+    for (uint32_t k = 0; k < kCopyWordsInFlight; ++k) {
+      if (i + k * stride < words) w[k] = src[i + k * stride];
+    }
 #pragma unroll
-    for (uint32_t k = 0; k < kCopyWordsInFlight; ++k)
-      dst[i + k * stride] = w[k];
+    for (uint32_t k = 0; k < kCopyWordsInFlight; ++k) {
+      if (i + k * stride < words) dst[i + k * stride] = w[k];
+    }
   }
-  for (; i < words; i += stride)
-    dst[i] = src[i];
 }
 
 __device__ __forceinline__ bool aligned16(const void* a, const void* b) {

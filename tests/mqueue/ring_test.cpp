@@ -453,7 +453,7 @@ TEST_P(RingTest, WithoutRefreshTheConsumerStopsAtTheTailItKnows) {
   EXPECT_EQ(e.token, 2u);
 }
 
-// A transport may replay an old index write after newer ones (Soft-RoCE does): the tail word
+// An old index write can land after newer ones (it happens under Soft-RoCE): the tail word
 // then goes backwards. A consumer that took it would read past the producer's entries into
 // stale slots; it keeps the tail it knows instead, and takes the next valid one.
 TEST_P(RingTest, ATailBehindWhatWasReadIsIgnored) {

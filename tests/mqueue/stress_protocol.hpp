@@ -190,7 +190,8 @@ inline std::string run_echo_accelerator(const RegionView& view,
         if (std::string err = check_message("request", q, seq, e, kRequestSalt, 0, g);
             !err.empty()) {
           // Whether the right entry arrives later (published before its bytes landed) or never.
-          const uint32_t pending = rx[q].pending_slots();
+          // Signed: negative when the consumer has read past the tail it holds.
+          const int32_t pending = static_cast<int32_t>(rx[q].pending_slots());
           const uint32_t read = rx[q].read_position();
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
           SlotHeader later;

@@ -97,9 +97,8 @@ class RemoteRingProducer {
     }
     if (t_->completed() >= credit_ticket_) {
       const uint32_t head = t_->load_index(address_.head_offset);
-      // A head outside [old shadow, tail] is a peer bug; ignore it rather than overwrite
-      // unread entries.
-      if (head - head_shadow_ <= tail_ - head_shadow_) head_shadow_ = head;
+      // Never overwrite unread entries on the word of a head that cannot follow the known one.
+      if (head_can_follow(head, head_shadow_, tail_)) head_shadow_ = head;
       credit_ticket_ = 0;
     }
   }

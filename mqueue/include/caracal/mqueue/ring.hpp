@@ -47,6 +47,12 @@ CARACAL_INLINE constexpr uint32_t used_slots(uint32_t tail, uint32_t head) {
 CARACAL_INLINE constexpr uint32_t free_slots(uint32_t tail, uint32_t head, uint32_t capacity) {
   return capacity - (tail - head);
 }
+// Whether `head`, read from the consumer, can follow the head the producer knows: it lies in
+// [known, tail]. Anything else (an old index write landing late, or a peer bug) must be
+// ignored, or the producer would count slots as free that the consumer still reads.
+CARACAL_INLINE constexpr bool head_can_follow(uint32_t head, uint32_t known, uint32_t tail) {
+  return head - known <= tail - known;
+}
 
 // Where an entry of `slots` slots goes when the producer's tail is `tail`: `skip` filler slots
 // first (0 when it fits before the ring's end), then the entry at ring position `position`.
@@ -180,13 +186,11 @@ class RingProducer {
   }
 
   // Re-reads the consumer's head (acquire: its reads of released slots are complete).
-  // Re-reads the consumer's head (acquire: pairs with RingConsumer::publish). A value outside
-  // [shadow, tail] is not a head this ring has had since the shadow: an index write replayed
-  // late by the transport (see RingConsumer::refresh_tail) or a peer bug. It is ignored, so
-  // the producer never counts slots as free that the consumer has not given back.
+  // Re-reads the consumer's head (acquire: pairs with RingConsumer::publish); a head that
+  // cannot follow the known one is ignored (head_can_follow, and RingConsumer::refresh_tail).
   CARACAL_INLINE void refresh_credits() {
     const uint32_t head = load_acquire(head_word_);
-    if (head - head_shadow_ <= tail_ - head_shadow_) head_shadow_ = head;
+    if (head_can_follow(head, head_shadow_, tail_)) head_shadow_ = head;
   }
 
   CARACAL_INLINE uint32_t credits() const {
@@ -320,10 +324,10 @@ class RingConsumer {
   //
   // A tail behind what was already read is stale and ignored: a valid tail is never more than
   // a ring ahead of the head, so `tail - read` is at most the capacity, and a tail that went
-  // backwards shows as a huge unsigned distance. The protocol never writes one, but a
-  // transport may replay an old index write after newer ones: Soft-RoCE (rdma_rxe) does, after
-  // a retransmission (see mqueue/README.md). Taken as is, such a tail would send the consumer
-  // past the producer's entries into stale slots.
+  // backwards shows as a huge unsigned distance. The protocol never writes one, but an old index
+  // write can land after newer ones: it happens under Soft-RoCE in the test VM, with no
+  // retransmission counted, and the cause is not found (see mqueue/README.md). Taken as is, such a
+  // tail would send the consumer past the producer's entries into stale slots.
   CARACAL_INLINE void refresh_tail() {
     const uint32_t tail = load_acquire(tail_word_);
     if (tail - read_ <= geometry_.capacity) tail_shadow_ = tail;

@@ -111,7 +111,13 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     if (token_base_) shared_->replies.release(*token_base_);
   }
 
+  // Any thread: the connection starts on its own strand, like everything else it does, so a
+  // shutdown() posted right after it finds it started.
   void start() {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->begin(); });
+  }
+
+  void begin() {
     token_base_ = shared_->replies.acquire(shared_from_this());
     if (!token_base_) {
       spdlog::warn("{}: connection from {} refused: every reply slot is in use", shared_->name,
@@ -575,14 +581,26 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     udp::endpoint peer;
     std::string bytes;
   };
+  // Datagrams taken per recvmmsg() once a receive has completed (see drain()).
+  static constexpr size_t kReceiveBatch = 16;
+  // recvmmsg() calls per drain: a socket that never runs dry gives its thread back after this
+  // many datagrams (kReceiveBatch each), so that the other handlers queued there get a turn.
+  static constexpr int kDrainRounds = 8;
+
   struct Socket {
     Socket(asio::io_context& io, uint32_t max_message_bytes)
-        : socket(asio::make_strand(io)), buffer(size_t{max_message_bytes} + 1) {}
+        : socket(asio::make_strand(io)),
+          // One byte more than the largest message detects an oversize datagram. No UDP
+          // datagram is longer than 65,507 bytes, so no buffer needs more than 64 KiB.
+          stride(std::min<size_t>(size_t{max_message_bytes} + 1, 65536)),
+          buffers(stride * kReceiveBatch) {}
     Socket(const Socket&) = delete;
     Socket& operator=(const Socket&) = delete;
     ~Socket() {
       if (reply_fd >= 0) ::close(reply_fd);
     }
+    char* buffer(size_t k) { return buffers.data() + k * stride; }
+
     udp::socket socket;  // receives; used by its strand only
     // A duplicate of the socket's descriptor that every send goes through, from the I/O thread
     // (error replies) and from the engine thread (replies) alike. A udp::socket object may not
@@ -591,39 +609,79 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     // even once `socket` is closed, so a reply racing with close() still has a socket.
     int reply_fd = -1;
     std::vector<Datagram> outgoing;  // replies not yet flushed: engine thread only
-    std::vector<char> buffer;        // one byte more than the largest message: detects oversize
-    udp::endpoint peer;
+    // Receive state, used by the socket's strand only: kReceiveBatch buffers of `stride` bytes,
+    // their senders, and the recvmmsg() vectors that point at them.
+    size_t stride;
+    std::vector<char> buffers;
+    std::array<udp::endpoint, kReceiveBatch> peers;
+    std::array<mmsghdr, kReceiveBatch> headers{};
+    std::array<iovec, kReceiveBatch> pieces{};
   };
 
+  // The first datagram of a turn comes through Asio (which waits on the reactor when the socket
+  // is empty); drain() then takes what else has queued up in batches, so that under load a
+  // completion handler, and a system call, serve many datagrams instead of one.
   void receive(uint32_t i) {
     Socket* s = sockets_[i].get();
-    s->socket.async_receive_from(asio::buffer(s->buffer), s->peer,
+    s->socket.async_receive_from(asio::buffer(s->buffer(0), s->stride), s->peers[0],
                                  [self = shared_from_this(), s, i](error_code ec, size_t n) {
                                    if (ec == asio::error::operation_aborted || !s->socket.is_open())
                                      return;
-                                   if (!ec) self->on_datagram(*s, n);
+                                   if (!ec) {
+                                     self->on_datagram(*s, s->buffer(0), n, s->peers[0]);
+                                     self->drain(*s);
+                                   }
                                    self->receive(i);
                                  });
   }
 
-  void on_datagram(Socket& s, size_t n) {
+  // The socket's strand: receives without waiting until the socket is empty or kDrainRounds
+  // batches were taken. Either way receive() follows, and Asio's own receive tries the socket
+  // before it waits for the reactor, so a datagram left behind is never stranded.
+  void drain(Socket& s) {
+    const int fd = s.socket.native_handle();
+    for (int round = 0; round < kDrainRounds; ++round) {
+      for (size_t k = 0; k < kReceiveBatch; ++k) {
+        s.pieces[k] = iovec{s.buffer(k), s.stride};
+        s.headers[k] = mmsghdr{};
+        s.headers[k].msg_hdr.msg_name = s.peers[k].data();
+        s.headers[k].msg_hdr.msg_namelen = static_cast<socklen_t>(s.peers[k].capacity());
+        s.headers[k].msg_hdr.msg_iov = &s.pieces[k];
+        s.headers[k].msg_hdr.msg_iovlen = 1;
+      }
+      int got;
+      do {
+        got = ::recvmmsg(fd, s.headers.data(), kReceiveBatch, MSG_DONTWAIT, nullptr);
+      } while (got < 0 && errno == EINTR);
+      // EAGAIN: the socket is empty. Another error is left to the next receive, which reports
+      // it through Asio like any receive error.
+      if (got <= 0) return;
+      for (int k = 0; k < got; ++k) {
+        s.peers[k].resize(s.headers[k].msg_hdr.msg_namelen);
+        on_datagram(s, s.buffer(k), s.headers[k].msg_len, s.peers[k]);
+      }
+      if (static_cast<size_t>(got) < kReceiveBatch) return;
+    }
+  }
+
+  void on_datagram(Socket& s, const char* data, size_t n, const udp::endpoint& peer) {
     stats_.requests.inc();
     if (n > service_.config().max_message_bytes) {
       stats_.drop(DropReason::kOversize);
       spdlog::debug("{}: datagram from {} is longer than max_message_bytes ({}); dropped", name_,
-                    s.peer.address().to_string(), service_.config().max_message_bytes);
+                    peer.address().to_string(), service_.config().max_message_bytes);
       send_error(
-          s, s.peer,
+          s, peer,
           "message longer than " + std::to_string(service_.config().max_message_bytes) + " bytes");
       return;
     }
-    std::optional<uint64_t> token = replies_.acquire(shared_from_this(), s.peer);
+    std::optional<uint64_t> token = replies_.acquire(shared_from_this(), peer);
     if (!token) {
       stats_.drop(DropReason::kReplySlots);
       return;
     }
-    const uint64_t flow = flow_of(s.peer);
-    switch (service_.dispatch(*token, std::string(s.buffer.data(), n), flow, false)) {
+    const uint64_t flow = flow_of(peer);
+    switch (service_.dispatch(*token, std::string(data, n), flow, false)) {
       case DispatchStatus::kQueued:
       case DispatchStatus::kCongested:
         return;
@@ -634,7 +692,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
       case DispatchStatus::kNoAgent:
         replies_.release(*token);
         stats_.drop(DropReason::kNoAgent);
-        send_error(s, s.peer, "no agent serves service " + service_.name());
+        send_error(s, peer, "no agent serves service " + service_.name());
         return;
     }
   }

@@ -426,7 +426,7 @@ class TcpListener final : public Listener {
   TcpListener(const ListenerConfig& config, const ListenerDeps& deps, Codec codec)
       : io_(deps.io),
         shared_(std::make_shared<TcpShared>(config, deps, std::move(codec))),
-        acceptor_(deps.io) {}
+        acceptor_(deps.io.main()) {}
   ~TcpListener() override { stop(); }
 
   Status start() override {
@@ -463,25 +463,27 @@ class TcpListener final : public Listener {
   }
 
   void accept() {
-    acceptor_.async_accept(asio::make_strand(io_), [this](error_code ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-      if (ec) {
-        // Out of descriptors, for instance: log and keep accepting.
-        spdlog::warn("{}: accept failed: {}", shared_->name, ec.message());
-      } else {
-        const uint64_t id = ++next_id_;
-        auto c = std::make_shared<TcpConnection>(shared_, std::move(socket), id);
-        {
-          std::lock_guard lock(shared_->m);
-          shared_->connections.emplace(id, c);
-        }
-        c->start();
-      }
-      accept();
-    });
+    // The connection goes to the next I/O context: its reads, writes and replies run there.
+    acceptor_.async_accept(
+        asio::make_strand(io_.next()), [this](error_code ec, tcp::socket socket) {
+          if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+          if (ec) {
+            // Out of descriptors, for instance: log and keep accepting.
+            spdlog::warn("{}: accept failed: {}", shared_->name, ec.message());
+          } else {
+            const uint64_t id = ++next_id_;
+            auto c = std::make_shared<TcpConnection>(shared_, std::move(socket), id);
+            {
+              std::lock_guard lock(shared_->m);
+              shared_->connections.emplace(id, c);
+            }
+            c->start();
+          }
+          accept();
+        });
   }
 
-  asio::io_context& io_;
+  IoPool& io_;
   std::shared_ptr<TcpShared> shared_;
   tcp::acceptor acceptor_;
   uint16_t port_ = 0;
@@ -500,14 +502,14 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
         replies_(deps.replies),
         name_(listener_name(config)),
         stats_(deps.metrics, deps.service.name(), name_),
-        sockets_count_(deps.io_threads == 0 ? 1 : deps.io_threads) {}
+        sockets_count_(static_cast<uint32_t>(deps.io.size())) {}
 
   Status open() {
     Result<asio::ip::address> address = parse_address(config_.listen);
     if (!address.ok()) return invalid_argument(name_ + ": " + address.status().message());
     udp::endpoint ep(*address, config_.listen.port);
     for (uint32_t i = 0; i < sockets_count_; ++i) {
-      auto s = std::make_unique<Socket>(io_, service_.config().max_message_bytes);
+      auto s = std::make_unique<Socket>(io_.at(i), service_.config().max_message_bytes);
       error_code ec;
       s->socket.open(ep.protocol(), ec);
       if (!ec && sockets_count_ > 1) {
@@ -751,7 +753,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   }
 
   ListenerConfig config_;
-  asio::io_context& io_;
+  IoPool& io_;
   Service& service_;
   ReplyTable& replies_;
   std::string name_;

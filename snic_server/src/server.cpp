@@ -11,11 +11,13 @@ Server::Server(ServerConfig config, ServerOptions options)
     : config_(std::move(config)),
       options_(options),
       replies_(options.reply_slots),
-      engine_(replies_) {
+      engine_(replies_),
+      io_(config_.io_threads) {
   for (const ServiceConfig& s : config_.services) {
     services_.push_back(std::make_unique<Service>(s, engine_, metrics_));
   }
-  destinations_ = std::make_unique<Destinations>(io_, config_.destinations, engine_, metrics_);
+  destinations_ =
+      std::make_unique<Destinations>(io_.main(), config_.destinations, engine_, metrics_);
 }
 
 Server::~Server() {
@@ -35,7 +37,7 @@ Status Server::start() {
   for (auto& s : services_) {
     by_name[s->name()] = s.get();
     for (const ListenerConfig& l : s->config().listeners) {
-      ListenerDeps deps{io_, *s, replies_, metrics_, config_.io_threads, dpdk_.get()};
+      ListenerDeps deps{io_, *s, replies_, metrics_, dpdk_.get()};
       std::unique_ptr<Listener> listener = make_listener(l, deps);
       if (Status st = listener->start(); !st.ok()) return st;
       spdlog::info("service {}: listening on {} (port {})", s->name(), listener->name(),
@@ -43,12 +45,12 @@ Status Server::start() {
       listeners_[s->name()].push_back(std::move(listener));
     }
   }
-  control_ =
-      std::make_unique<ControlEndpoint>(io_, config_, engine_, by_name, *destinations_, metrics_);
+  control_ = std::make_unique<ControlEndpoint>(io_.main(), config_, engine_, by_name,
+                                               *destinations_, metrics_);
   if (Status st = control_->listen(); !st.ok()) return st;
   spdlog::info("control endpoint on {} (port {})", config_.control.listen.str(), control_->port());
   if (config_.metrics_listen) {
-    metrics_server_ = std::make_unique<MetricsServer>(io_, metrics_);
+    metrics_server_ = std::make_unique<MetricsServer>(io_.main(), metrics_);
     if (Status st =
             metrics_server_->listen(config_.metrics_listen->host, config_.metrics_listen->port);
         !st.ok()) {
@@ -61,11 +63,11 @@ Status Server::start() {
   if (dpdk_) {
     if (Status st = dpdk_->run(); !st.ok()) return st;
   }
-  for (uint32_t i = 0; i < config_.io_threads; ++i) {
-    threads_.emplace_back([this] {
+  for (size_t i = 0; i < io_.size(); ++i) {
+    threads_.emplace_back([&io = io_.at(i)] {
       pthread_setname_np(pthread_self(), "caracal-io");  // for top -H and the benchmarks
-      auto guard = boost::asio::make_work_guard(io_);
-      io_.run();
+      auto guard = boost::asio::make_work_guard(io);
+      io.run();
     });
   }
   return Status::ok_status();

@@ -1,26 +1,33 @@
 // The network front: UDP and TCP listeners through Boost.Asio.
 //
+// I/O threads: each runs its own io_context (IoPool), so that a socket's completions run on the
+// thread that waited for them, with no hand-off between threads per datagram.
+//
 // UDP: one datagram is one message; the reply goes to the sender's address from the same
 // port. With several I/O threads the listener opens one socket per thread on the same port
-// (SO_REUSEPORT), so the kernel spreads datagrams over them. A datagram longer than the
-// service's max_message_bytes, or one that finds every queue congested, is dropped and counted.
+// (SO_REUSEPORT), so the kernel spreads datagrams over them; socket i is served by thread i.
+// Once a receive completes, the socket's thread takes what else has queued up with recvmmsg(). A
+// datagram longer than the service's max_message_bytes, or one that finds every queue congested, is
+// dropped and counted.
 //
 // TCP: per-listener framing (framing.hpp). Each connection keeps its requests in order: it
 // numbers them, and replies (which may come back out of order from different queues) leave in
-// that order. A connection stops reading when it has max_pipeline requests unanswered, or when
-// the service's queues are congested (backpressure), and resumes when there is room again.
-// Malformed or oversize input closes that connection, with the reason logged (after an error
-// reply if the listener has error_reply).
+// that order. Accepted connections go to the I/O threads in turn. A connection stops reading when
+// it has max_pipeline requests unanswered, or when the service's queues are congested
+// (backpressure), and resumes when there is room again. Malformed or oversize input closes that
+// connection, with the reason logged (after an error reply if the listener has error_reply).
 //
 // DPDK (`kind: dpdk`, dpdk_port.hpp): UDP on the server's DPDK port, with the same dispatch,
 // replies, counters and drop reasons as the Asio UDP listener.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "caracal/mqueue/status.hpp"
 #include "caracal/server/config.hpp"
@@ -45,12 +52,40 @@ class Listener {
   virtual const std::string& name() const = 0;
 };
 
+// The server's I/O contexts, one per I/O thread (the io_context-per-thread design). Context 0
+// also carries the control and metrics endpoints, the destinations' connections and the
+// listening sockets. Any thread may post to any context.
+class IoPool {
+ public:
+  explicit IoPool(uint32_t threads) {
+    for (uint32_t i = 0; i < (threads == 0 ? 1 : threads); ++i) {
+      // Concurrency hint 1: one thread runs each context (locking stays on, for the posts
+      // from the engine and from the other contexts).
+      contexts_.push_back(std::make_unique<boost::asio::io_context>(1));
+    }
+  }
+  size_t size() const { return contexts_.size(); }
+  boost::asio::io_context& main() { return *contexts_[0]; }
+  boost::asio::io_context& at(size_t i) { return *contexts_[i % contexts_.size()]; }
+  // The contexts in turn, for new connections. Any thread.
+  boost::asio::io_context& next() {
+    return at(next_.fetch_add(1, std::memory_order_relaxed));  // a counter: no ordering needed
+  }
+  void stop() {
+    for (auto& c : contexts_)
+      c->stop();
+  }
+
+ private:
+  std::vector<std::unique_ptr<boost::asio::io_context>> contexts_;
+  std::atomic<size_t> next_{0};
+};
+
 struct ListenerDeps {
-  boost::asio::io_context& io;
+  IoPool& io;
   Service& service;
   ReplyTable& replies;
   Registry& metrics;
-  uint32_t io_threads = 1;
   DpdkPort* dpdk = nullptr;  // the server's DPDK port, for `kind: dpdk` listeners
 };
 

@@ -59,7 +59,7 @@ class Server {
   ReplyTable replies_;
   Engine engine_;
   std::vector<std::unique_ptr<Service>> services_;
-  boost::asio::io_context io_;
+  IoPool io_;
   std::unique_ptr<Destinations> destinations_;
   std::unique_ptr<DpdkPort> dpdk_;  // with a `dpdk:` section; its listeners refer to it
   std::map<std::string, std::vector<std::unique_ptr<Listener>>> listeners_;

@@ -28,7 +28,9 @@
 # ("64 1024 16384"), LOADGEN_THREADS (4), SAT_CONNECTIONS (8), SAT_WINDOW (16), OPEN_SIZES
 # ("1024"), OPEN_FRACTIONS ("0.25 0.5 0.75 0.9 1.1"), BATCH (64), BATCH_TIMEOUT_US (20),
 # CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (the agent's gpu.workers; 0: one per
-# queue), CPU_WORKERS (cpu.workers, 1), SOCKPERF (path; else PATH, else build-debs/*.deb).
+# queue), CPU_WORKERS (cpu.workers, 1), SOCKPERF (path; else PATH, else build-debs/*.deb),
+# SERVERS (of "caracal host_centric cpu"; default: every one built), SNIC (the snic_server
+# binary; another build's, to compare two versions of the server in one session).
 # With the defaults a full run takes about 7 minutes.
 set -uo pipefail
 
@@ -63,18 +65,20 @@ fi
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 CPU_SERVER="$BUILD/bench/baselines/caracal_cpu_server"
 HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
-SNIC="$BUILD/snic_server/snic_server"
+SNIC=${SNIC:-"$BUILD/snic_server/snic_server"}
 declare -A AGENT=([echo]="$BUILD/examples/echo/caracal_echo_agent"
                   [matvec]="$BUILD/examples/matvec/caracal_matvec_agent")
 for bin in "$LOADGEN" "$CPU_SERVER" "$SNIC" "${AGENT[echo]}" "${AGENT[matvec]}"; do
   [ -x "$bin" ] || { echo "run.sh: $bin is missing (build the benchmarks first)" >&2; exit 2; }
 done
-SERVERS="caracal cpu"
-if [ "$CPU_ONLY" -eq 0 ]; then
-  if [ -x "$HC_SERVER" ]; then
-    SERVERS="caracal host_centric cpu"
-  else
-    echo "run.sh: $HC_SERVER is missing (a build without CUDA); the host-centric server is left out" >&2
+if [ -z "${SERVERS:-}" ]; then
+  SERVERS="caracal cpu"
+  if [ "$CPU_ONLY" -eq 0 ]; then
+    if [ -x "$HC_SERVER" ]; then
+      SERVERS="caracal host_centric cpu"
+    else
+      echo "run.sh: $HC_SERVER is missing (a build without CUDA); the host-centric server is left out" >&2
+    fi
   fi
 fi
 

@@ -552,6 +552,8 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   // of that thread, and one system call per reply the engine's time.
   void deliver(uint64_t token, const udp::endpoint& peer, Reply reply) override {
     replies_.release(token);
+    // A counter only: nothing is published through it.
+    outstanding_.fetch_sub(1, std::memory_order_relaxed);
     const uint32_t i = split_token(token).slot % static_cast<uint32_t>(sockets_.size());
     Socket& s = *sockets_[i];
     switch (reply.kind) {
@@ -569,9 +571,24 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     }
   }
 
+  // Engine thread. With few requests outstanding the engine sends the burst itself: handing it
+  // to the socket's I/O thread would add that thread's wake-up to every reply's latency. Under
+  // load the sends go to the I/O threads, one post per socket and burst: a send costs the sender
+  // the network stack's work for the datagram (on loopback, the receiver's as well), and the
+  // engine, which serves every socket, would otherwise be the serial stage.
   void end_burst() override {
+    const bool hand_off = outstanding_.load(std::memory_order_relaxed) >= kHandOffOutstanding;
     for (auto& s : sockets_) {
-      if (!s->outgoing.empty()) send_outgoing(*s);
+      if (s->outgoing.empty()) continue;
+      if (!hand_off) {
+        send_outgoing(*s, s->outgoing);
+        s->outgoing.clear();
+        continue;
+      }
+      asio::post(s->socket.get_executor(),
+                 [self = shared_from_this(), s = s.get(),
+                  burst = std::move(s->outgoing)]() mutable { self->send_outgoing(*s, burst); });
+      s->outgoing = {};
     }
   }
 
@@ -583,6 +600,9 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     udp::endpoint peer;
     std::string bytes;
   };
+  // Requests outstanding on this listener from which the engine hands reply bursts to the I/O
+  // threads instead of sending them itself (see end_burst()).
+  static constexpr int64_t kHandOffOutstanding = 16;
   // Datagrams taken per recvmmsg() once a receive has completed (see drain()).
   static constexpr size_t kReceiveBatch = 16;
   // recvmmsg() calls per drain: a socket that never runs dry gives its thread back after this
@@ -682,16 +702,20 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
       stats_.drop(DropReason::kReplySlots);
       return;
     }
+    // Before the dispatch, so that the engine's decrement in deliver() never comes first.
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t flow = flow_of(peer);
     switch (service_.dispatch(*token, std::string(data, n), flow, false)) {
       case DispatchStatus::kQueued:
       case DispatchStatus::kCongested:
         return;
       case DispatchStatus::kFull:
+        outstanding_.fetch_sub(1, std::memory_order_relaxed);
         replies_.release(*token);
         stats_.drop(DropReason::kQueueFull);
         return;
       case DispatchStatus::kNoAgent:
+        outstanding_.fetch_sub(1, std::memory_order_relaxed);
         replies_.release(*token);
         stats_.drop(DropReason::kNoAgent);
         send_error(s, peer, "no agent serves service " + service_.name());
@@ -703,17 +727,18 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     if (auto text = format_error_reply(config_, reason)) send(s, peer, *text);
   }
 
-  // Engine thread: sends s.outgoing, up to kSendBatch datagrams per sendmmsg(). Never blocks: a
-  // full send buffer drops what is left of the burst, another error the datagram it hit.
-  void send_outgoing(Socket& s) {
+  // The engine thread, or the socket's I/O thread for a handed-off burst: sends `burst`, up to
+  // kSendBatch datagrams per sendmmsg() through the reply descriptor. Never blocks: a full send
+  // buffer drops what is left of the burst, another error the datagram it hit.
+  void send_outgoing(Socket& s, std::vector<Datagram>& burst) {
     constexpr size_t kSendBatch = 64;
     std::array<mmsghdr, kSendBatch> headers;
     std::array<iovec, kSendBatch> pieces;
     size_t next = 0;
-    while (next < s.outgoing.size()) {
-      const size_t n = std::min(kSendBatch, s.outgoing.size() - next);
+    while (next < burst.size()) {
+      const size_t n = std::min(kSendBatch, burst.size() - next);
       for (size_t k = 0; k < n; ++k) {
-        Datagram& d = s.outgoing[next + k];
+        Datagram& d = burst[next + k];
         pieces[k] = iovec{d.bytes.data(), d.bytes.size()};
         headers[k] = mmsghdr{};
         headers[k].msg_hdr.msg_name = d.peer.data();
@@ -727,14 +752,13 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
         stats_.replies.inc(static_cast<uint64_t>(sent));
         next += static_cast<size_t>(sent);
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        for (; next < s.outgoing.size(); ++next)
+        for (; next < burst.size(); ++next)
           stats_.drop(DropReason::kSendBufferFull);
       } else if (errno != EINTR) {
         stats_.drop(DropReason::kSendFailed);
         ++next;
       }
     }
-    s.outgoing.clear();
   }
 
   // Any thread (see Socket::reply_fd). Never blocks: a full send buffer drops the reply.
@@ -761,6 +785,9 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   uint32_t sockets_count_;
   std::vector<std::unique_ptr<Socket>> sockets_;
   uint16_t port_ = 0;
+  // Requests dispatched and not yet answered: incremented by the I/O threads, decremented by
+  // the engine; it only chooses who sends the replies (see end_burst()).
+  std::atomic<int64_t> outstanding_{0};
 };
 
 class UdpListener final : public Listener {

@@ -27,7 +27,8 @@ for spec in "$@"; do
     continue
   fi
   echo "== $name ($archive)"
-  SERVERS=caracal SNIC="$work/$name/build/snic_server/snic_server" \
+  CARACAL_COMMIT="$name ($(basename "$archive"))" SERVERS=caracal \
+    SNIC="$work/$name/build/snic_server/snic_server" \
     "$here/run.sh" "$build" "$results/$name" || failed=$((failed + 1))
 done
 exit "$failed"

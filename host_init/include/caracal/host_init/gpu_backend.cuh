@@ -112,8 +112,8 @@ class GpuDeviceServing final : public DeviceRegionServing {
   }
   Status health() override { return accelerator_ ? accelerator_->health() : Status::ok_status(); }
   std::string describe() const override {
-    return (accelerator_ ? accelerator_->summary() : std::string("gpu")) + " on a region in " +
-           "device memory";
+    return (accelerator_ ? accelerator_->summary() : std::string("gpu")) +
+           " on a region in device memory";
   }
   std::byte* region() const override { return region_->device(); }
   const mqueue::RegionHeader& header() const override { return region_->header(); }

@@ -61,8 +61,24 @@ TransportKind parse_transport(const Field& f) {
   return t;
 }
 
-RdmaAgentConfig parse_rdma(const Field& f) {
-  f.allow_only({"bind_address", "port", "max_connections"});
+// rdma.region_memory: `gpu` only where the GPU accelerator runs, since nothing else can poll
+// a region in GPU memory; `auto` is refused too, as it may pick the CPU.
+RegionMemory parse_region_memory(const Field& f, const AcceleratorSetting& accelerator) {
+  const RegionMemory m =
+      f.as_choice<RegionMemory>({{"host", RegionMemory::kHost}, {"gpu", RegionMemory::kGpu}});
+  if (m == RegionMemory::kGpu && accelerator.kind != AcceleratorKind::kGpu) {
+    f.fail(
+        "'gpu' places the regions in a GPU's memory, which only the GPU accelerator can poll, "
+        "and accelerator is '" +
+        accelerator.str() + "'" +
+        (accelerator.kind == AcceleratorKind::kAuto ? " (which may pick the CPU)" : "") +
+        ": set 'accelerator: gpu:N', or 'region_memory: host'");
+  }
+  return m;
+}
+
+RdmaAgentConfig parse_rdma(const Field& f, const AcceleratorSetting& accelerator) {
+  f.allow_only({"bind_address", "port", "max_connections", "region_memory"});
   RdmaAgentConfig r;
   const Field bind = f.required("bind_address");
   r.bind_address = bind.as_string();
@@ -76,6 +92,7 @@ RdmaAgentConfig parse_rdma(const Field& f) {
   if (auto v = f.optional("max_connections")) {
     r.max_connections = static_cast<uint32_t>(v->as_uint(1, 1024));
   }
+  if (auto v = f.optional("region_memory")) r.region_memory = parse_region_memory(*v, accelerator);
   return r;
 }
 
@@ -214,8 +231,13 @@ AgentConfig parse_agent_config(const Field& root, const AcceleratorCheck& check)
   const std::optional<Field> rdma = root.optional("rdma");
   if (c.transport == TransportKind::kRdma) {
     if (!rdma) transport->fail("transport 'rdma' needs an 'rdma:' section with bind_address");
-    c.rdma = parse_rdma(*rdma);
+    c.rdma = parse_rdma(*rdma, c.accelerator);
   } else if (rdma) {
+    if (auto m = rdma->optional("region_memory")) {
+      m->fail(
+          "region_memory needs 'transport: rdma': with transport shm the region is a shm "
+          "object in host memory that the server maps");
+    }
     rdma->fail("'rdma' settings need 'transport: rdma'");
   }
   if (auto v = root.optional("log_level")) {

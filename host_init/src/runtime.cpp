@@ -188,24 +188,31 @@ class ExporterWatch {
 };
 #endif
 
-// One region with the accelerator serving it. The accelerator is declared last, so it is
-// stopped (destroyed) before the exporter deregisters the region and before it is unmapped.
+// One region with the accelerator serving it. Members are destroyed in reverse order: the
+// exporter first (its queue pairs and its registration of the region go before the memory they
+// name), then the accelerator (stopped, and with region_memory gpu its region in device memory
+// freed, or kept if the kernel did not return), then the host memory.
 struct ServedRegion {
   const ServiceConfig* service = nullptr;
   NamedShmRegion region;      // transport shm
   mqueue::ShmMapping memory;  // transport rdma: host memory (an anonymous memfd mapping)
+  std::unique_ptr<ServingAccelerator> accelerator;
+  // transport rdma with region_memory gpu: `accelerator`, which owns the region in device memory.
+  DeviceRegionServing* device_region = nullptr;
 #ifdef CARACAL_HAVE_RDMA
   std::unique_ptr<ExporterWatch> rdma;
 #endif
-  std::unique_ptr<ServingAccelerator> accelerator;
 
+  // A region in host memory (shm, or rdma with region_memory host).
   std::byte* data() const {
     return memory.data() != nullptr ? memory.data() : region.data();
   }
   uint64_t bytes() const {
+    if (device_region != nullptr) return device_region->header().region_bytes;
     return memory.data() != nullptr ? memory.size() : region.bytes();
   }
   const mqueue::RegionHeader& header() const {
+    if (device_region != nullptr) return device_region->header();
     return *reinterpret_cast<const mqueue::RegionHeader*>(data());
   }
 };
@@ -305,6 +312,7 @@ struct AgentRuntime::Impl {
   std::shared_ptr<Connection> connect();
   Outcome serve(Connection& conn);
   Status start_service(const ServiceConfig& service, uint64_t epoch, Session& session);
+  Status start_in_device_memory(const ServiceConfig& service, uint64_t epoch, ServedRegion& served);
   void goodbye(Connection& conn, Session& session);
 
   AgentConfig config;
@@ -346,11 +354,50 @@ std::shared_ptr<Connection> AgentRuntime::Impl::connect() {
   return conn;
 }
 
+// transport rdma with region_memory gpu: the region in the memory of the agent's GPU, with the
+// handler's kernel serving it (GpuDeviceServing in gpu_backend.cuh says how the ordering holds
+// against the NIC). The device's write-ordering attribute is checked first: the kernel's
+// acquire of an RX tail sees the slots the NIC wrote before it only where the GPU orders remote
+// writes for its own kernels.
+Status AgentRuntime::Impl::start_in_device_memory(const ServiceConfig& service, uint64_t epoch,
+                                                  ServedRegion& served) {
+  const std::string who = "service '" + service.name + "': ";
+  if (accelerator.kind != AcceleratorKind::kGpu || !backends.gpu ||
+      !backends.gpu->start_in_device_memory) {
+    return Status(StatusCode::kInvalidArgument,
+                  who +
+                      "rdma.region_memory gpu needs the GPU accelerator, and this agent runs on " +
+                      accelerator.str());
+  }
+  Result<std::string> caps = backends.gpu->check_rdma_memory(accelerator.gpu);
+  if (!caps.ok()) {
+    return Status(caps.status().code(),
+                  who + "cannot place its region in GPU memory: " + caps.status().message());
+  }
+  Result<std::unique_ptr<DeviceRegionServing>> serving =
+      backends.gpu->start_in_device_memory(service.geometry(), epoch, accelerator.gpu, config.gpu);
+  if (!serving.ok()) {
+    return Status(serving.status().code(),
+                  who + "cannot start the " + accelerator.str() +
+                      " accelerator on a region in its memory: " + serving.status().message());
+  }
+  served.device_region = serving->get();
+  served.accelerator = std::move(serving).value();
+  spdlog::info("service '{}': region of {} bytes in {} memory at {} ({})", service.name,
+               served.bytes(), accelerator.str(),
+               static_cast<void*>(served.device_region->region()), *caps);
+  return Status::ok_status();
+}
+
 Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t epoch,
                                          Session& session) {
   ServedRegion served;
   served.service = &service;
-  if (config.transport == TransportKind::kShm) {
+  const bool in_device_memory =
+      config.transport == TransportKind::kRdma && config.rdma.region_memory == RegionMemory::kGpu;
+  if (in_device_memory) {
+    if (Status s = start_in_device_memory(service, epoch, served); !s.ok()) return s;
+  } else if (config.transport == TransportKind::kShm) {
     const std::string name = region_shm_name(config.agent, pid, service.name);
     Result<NamedShmRegion> region = NamedShmRegion::create(name, service.geometry(), epoch);
     if (!region.ok()) {
@@ -375,27 +422,47 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
     served.memory = std::move(m).value();
     mqueue::initialize_region(served.memory.data(), header);
   }
-  StartResult serving = Status(StatusCode::kInternal, "no backend for " + accelerator.str());
-  if (accelerator.kind == AcceleratorKind::kCpu && backends.cpu) {
-    serving = backends.cpu(mqueue::RegionView(served.data()), config.cpu);
-  } else if (accelerator.kind == AcceleratorKind::kGpu && backends.gpu) {
-    serving = backends.gpu->start(served.data(), served.bytes(), accelerator.gpu, config.gpu);
+  if (!in_device_memory) {
+    StartResult serving = Status(StatusCode::kInternal, "no backend for " + accelerator.str());
+    if (accelerator.kind == AcceleratorKind::kCpu && backends.cpu) {
+      serving = backends.cpu(mqueue::RegionView(served.data()), config.cpu);
+    } else if (accelerator.kind == AcceleratorKind::kGpu && backends.gpu) {
+      serving = backends.gpu->start(served.data(), served.bytes(), accelerator.gpu, config.gpu);
+    }
+    if (!serving.ok()) {
+      return Status(serving.status().code(), "service '" + service.name + "': cannot start the " +
+                                                 accelerator.str() +
+                                                 " accelerator: " + serving.status().message());
+    }
+    served.accelerator = std::move(serving).value();
   }
-  if (!serving.ok()) {
-    return Status(serving.status().code(), "service '" + service.name + "': cannot start the " +
-                                               accelerator.str() +
-                                               " accelerator: " + serving.status().message());
-  }
-  served.accelerator = std::move(serving).value();
 #ifdef CARACAL_HAVE_RDMA
   if (config.transport == TransportKind::kRdma) {
     mqueue::RdmaExportOptions o;
     o.bind_address = config.rdma.bind_address;
     o.port = config.rdma.port;
     o.max_connections = config.rdma.max_connections;
-    Result<std::unique_ptr<mqueue::RdmaRegionExporter>> x = mqueue::RdmaRegionExporter::listen(
-        o, mqueue::RdmaMemory{mqueue::RdmaMemory::Kind::kHost, served.memory.data(),
-                              served.memory.size(), -1, 0});
+    mqueue::RdmaMemory memory{mqueue::RdmaMemory::Kind::kHost, served.memory.data(),
+                              served.memory.size(), -1, 0};
+    int dma_buf = -1;
+    if (in_device_memory) {
+      // The dma-buf covers the whole allocation (DeviceRegion rounds it to 2 MiB); the region
+      // starts at its offset 0. The registration falls back to peer memory on the device
+      // pointer where the NIC's driver refuses the dma-buf (registration() says which).
+      Result<int> fd = served.device_region->export_dma_buf();
+      if (!fd.ok()) {
+        (void)served.accelerator->stop();
+        return Status(fd.status().code(),
+                      "service '" + service.name + "': rdma: " + fd.status().message());
+      }
+      dma_buf = *fd;
+      memory = mqueue::RdmaMemory{mqueue::RdmaMemory::Kind::kGpuDmabuf,
+                                  served.device_region->region(), served.bytes(), dma_buf, 0};
+    }
+    Result<std::unique_ptr<mqueue::RdmaRegionExporter>> x =
+        mqueue::RdmaRegionExporter::listen(o, memory);
+    // A registration holds its own reference to the dma-buf: the fd is not needed after it.
+    if (dma_buf >= 0) close(dma_buf);
     if (!x.ok()) {
       (void)served.accelerator->stop();
       return Status(x.status().code(),
@@ -525,7 +592,9 @@ Outcome AgentRuntime::Impl::serve(Connection& conn) {
             "service '{}' attached: region {} ({} bytes, {} server queue(s), {} client "
             "queue(s), {} slots of {} bytes){}",
             a->service,
-            config.transport == TransportKind::kShm ? served.region.name() : "in host memory",
+            config.transport == TransportKind::kShm ? served.region.name()
+            : served.device_region != nullptr       ? "in " + accelerator.str() + " memory"
+                                                    : std::string("in host memory"),
             served.bytes(), h.server_queue_count, h.client_queue_count, h.ring_capacity,
             h.slot_bytes,
             config.transport == TransportKind::kShm ? "; name removed" : ", transport rdma");
@@ -596,7 +665,10 @@ Status AgentRuntime::Impl::run() {
       "agent '{}' (pid {}): {} service(s) on accelerator {} (configured: {}), transport {}, "
       "server {}",
       config.agent, pid, config.services.size(), described, config.accelerator.str(),
-      config.transport == TransportKind::kShm ? "shm" : "rdma", config.server.str());
+      config.transport == TransportKind::kShm           ? "shm"
+      : config.rdma.region_memory == RegionMemory::kGpu ? "rdma (regions in GPU memory)"
+                                                        : "rdma",
+      config.server.str());
 
   bool unreachable_logged = false;
   while (!stop_requested) {

@@ -196,6 +196,9 @@ TEST(AgentConfig, Transport) {
                {"transport", "'tcp' is not one of: shm, auto, rdma"});
   expect_error(with("transport: shm", "transport: shm\nrdma: { bind_address: 192.0.2.1 }"), "6:7",
                {"rdma", "need 'transport: rdma'"});
+  // A region in GPU memory is for rdma only: the key is named, and why.
+  expect_error(with("transport: shm", "transport: shm\nrdma: { region_memory: gpu }"), "6:24",
+               {"rdma.region_memory", "needs 'transport: rdma'", "host memory"});
 }
 
 #ifdef CARACAL_HAVE_RDMA
@@ -228,6 +231,40 @@ TEST(AgentConfig, RdmaSettings) {
                "8:20", {"rdma.max_connections"});
   expect_error(with("transport: shm", "transport: rdma\nrdma: { bind_address: a, mtu: 4 }"), "6:26",
                {"mtu"});
+}
+
+// rdma.region_memory: host by default; gpu only with the GPU accelerator named (gpu:N), since
+// nothing else can poll a region in GPU memory.
+TEST(AgentConfig, RdmaRegionMemory) {
+  EXPECT_EQ(parse(with("transport: shm", "transport: rdma\nrdma: { bind_address: 192.0.2.1 }"))
+                .rdma.region_memory,
+            RegionMemory::kHost);
+  EXPECT_EQ(parse(with("transport: shm",
+                       "transport: rdma\nrdma: { bind_address: 192.0.2.1, region_memory: host }"))
+                .rdma.region_memory,
+            RegionMemory::kHost);
+  const std::string gpu_text =
+      with("accelerator: cpu\ntransport: shm",
+           "accelerator: gpu:1\ntransport: rdma\nrdma: { bind_address: 192.0.2.1, "
+           "region_memory: gpu }");
+  const AgentConfig g = parse_agent_config(
+      config::load_yaml_text(gpu_text, "agent.yaml"),
+      [](const AcceleratorSetting& a) { return check_accelerator_available(a, gpu_backends(2)); });
+  EXPECT_EQ(g.rdma.region_memory, RegionMemory::kGpu);
+  EXPECT_EQ(g.accelerator.kind, AcceleratorKind::kGpu);
+  EXPECT_EQ(g.accelerator.gpu, 1u);
+
+  expect_error(with("transport: shm",
+                    "transport: rdma\nrdma: { bind_address: 192.0.2.1, region_memory: gpu }"),
+               "6:49",
+               {"rdma.region_memory", "only the GPU accelerator", "accelerator is 'cpu'", "gpu:N"});
+  // auto may pick the CPU: the GPU must be named.
+  expect_error(with("accelerator: cpu\ntransport: shm",
+                    "transport: rdma\nrdma: { bind_address: 192.0.2.1, region_memory: gpu }"),
+               "5:49", {"rdma.region_memory", "accelerator is 'auto'", "may pick the CPU"});
+  expect_error(with("transport: shm",
+                    "transport: rdma\nrdma: { bind_address: 192.0.2.1, region_memory: device }"),
+               "6:49", {"rdma.region_memory", "'device' is not one of: host, gpu"});
 }
 #else
 TEST(AgentConfig, RdmaTransportIsRefusedWithoutRdmaCore) {

@@ -221,6 +221,29 @@ std::unique_ptr<RegionPeer> register_echo(FakeControlServer& server, uint64_t* e
   return peer;
 }
 
+// rdma.region_memory gpu on the CPU accelerator (a config an embedding program filled in
+// itself; the parser refuses it at its line): the service fails with why before anything is
+// announced, and the agent says bye.
+TEST(AgentRuntime, RegionInGpuMemoryWithoutTheGpuAcceleratorEndsTheRun) {
+  FakeControlServer server;
+  AgentConfig c = agent_config(server.port(), {service("echo", 1)});
+  c.accelerator.kind = AcceleratorKind::kCpu;
+  c.transport = TransportKind::kRdma;
+  c.rdma.bind_address = "127.0.0.1";
+  c.rdma.region_memory = RegionMemory::kGpu;
+  RunningAgent agent(c);
+  welcome_agent(server);
+  server.expect<control::Bye>();  // no region announced before it
+  server.send(control::Bye{});
+  const Status s = agent.join();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(
+                "service 'echo': rdma.region_memory gpu needs the GPU accelerator, and this agent "
+                "runs on cpu"),
+            std::string::npos)
+      << s.message();
+}
+
 TEST(AgentRuntime, SilentServerIsLeftAndTheAgentRegistersAgainWithANewEpoch) {
   FakeControlServer server;
   RunningAgent agent(agent_config(server.port(), {service("echo", 1)}));

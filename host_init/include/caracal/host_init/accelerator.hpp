@@ -19,6 +19,7 @@
 #include "caracal/accel/gpu/options.hpp"
 #include "caracal/accel/handler.hpp"
 #include "caracal/host_init/config.hpp"
+#include "caracal/mqueue/layout.hpp"
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/status.hpp"
 
@@ -47,6 +48,21 @@ class ServingAccelerator {
 
 using StartResult = Result<std::unique_ptr<ServingAccelerator>>;
 
+// A persistent kernel serving a region in its GPU's memory (transport rdma with region_memory
+// gpu). It owns the region as well: stopping and destroying it are ServingAccelerator's, and a
+// kernel that did not return keeps the region allocated until the process exits.
+class DeviceRegionServing : public ServingAccelerator {
+ public:
+  // The region's first byte in device memory: what kernels poll, and the iova that its RDMA
+  // registration names (the address the agent announces).
+  virtual std::byte* region() const = 0;
+  // The header as written (the host cannot read device memory); region_bytes is its size.
+  virtual const mqueue::RegionHeader& header() const = 0;
+  // A dma-buf fd for the region's allocation, for ibv_reg_dmabuf_mr at offset 0; the caller
+  // closes it. Fails with the driver's reason where the device or driver cannot export one.
+  virtual Result<int> export_dma_buf() const = 0;
+};
+
 // The GPU side of an agent: present when its handler source was compiled by nvcc with the CUDA
 // backend (gpu_backend.cuh fills it in).
 struct GpuBackend {
@@ -60,6 +76,17 @@ struct GpuBackend {
   std::function<StartResult(std::byte* region, uint64_t bytes, uint32_t device,
                             const accel::GpuOptions& options)>
       start;
+  // transport rdma with region_memory gpu: whether a NIC can write a region in `device`'s
+  // memory in the order the ring protocol needs (query_rdma_capabilities, then
+  // check_rdma_capabilities). OK: the capabilities, for the log; otherwise the error names the
+  // device and the attribute it lacks.
+  std::function<Result<std::string>(uint32_t device)> check_rdma_memory;
+  // Creates a region of `geometry` with `epoch` in `device`'s memory (accel::gpu::DeviceRegion)
+  // and launches the handler's persistent kernel on it; nothing is registered with CUDA.
+  std::function<Result<std::unique_ptr<DeviceRegionServing>>(const mqueue::RegionGeometry& geometry,
+                                                             uint64_t epoch, uint32_t device,
+                                                             const accel::GpuOptions& options)>
+      start_in_device_memory;
 };
 
 // How to start the agent's handler on each accelerator kind.

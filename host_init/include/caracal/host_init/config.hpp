@@ -11,6 +11,8 @@
 //                                  # which the server connects to; it is announced as is
 //     port: 0                      # 0 (default): the system picks one per service
 //     max_connections: 8           # SmartNIC connections per region at once (default 8)
+//     region_memory: host          # host (default) or gpu: the regions in the GPU's memory,
+//                                  # written by the NIC with GPUDirect RDMA (accelerator gpu:N)
 //   log_level: info                # trace, debug, info, warn, error, off
 //   cpu: { workers: 1, cpus: [1], burst: 32, idle_rounds_before_yield: 256 }   # optional
 //   gpu: { workers: 0, block_threads: 128, burst: 32, busy_polls: 2048,        # optional
@@ -52,11 +54,17 @@ struct AcceleratorSetting {
 
 enum class TransportKind : uint8_t { kShm, kRdma };
 
+// transport rdma: where the regions live. kGpu (the Lynx placement) puts them in the memory of
+// the agent's GPU, so the kernel polls locally and the NIC writes them with GPUDirect RDMA; it
+// needs the GPU accelerator named as gpu:N.
+enum class RegionMemory : uint8_t { kHost, kGpu };
+
 // transport rdma: where each service's RdmaRegionExporter listens (mqueue/rdma.hpp).
 struct RdmaAgentConfig {
   std::string bind_address;
   uint16_t port = 0;  // one exporter per service: a fixed port serves one service only
   uint32_t max_connections = 8;
+  RegionMemory region_memory = RegionMemory::kHost;
 };
 
 struct ClientQueueConfig {

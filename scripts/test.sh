@@ -45,12 +45,6 @@ if [ -n "$sanitize" ]; then
   # too long there, and the VM's kernel, not this build, is what they exercise.
   skip_labels="rdma${skip_labels:+|$skip_labels}"
 fi
-case "|$labels|" in
-  *"|rdma_quarantine|"*) ;;
-  # Tests that show an open bug without a fix yet (see the test's CMakeLists comment): run
-  # only when asked for by label, so that they do not fail every run meanwhile.
-  *) skip_labels="rdma_quarantine${skip_labels:+|$skip_labels}" ;;
-esac
 if [ -n "$labels" ]; then
   # Each label has a target that builds what its tests run (tests/CMakeLists.txt). Labels are
   # then matched whole, so that no test runs whose programs were not built.

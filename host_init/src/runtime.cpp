@@ -483,7 +483,12 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
 // The announcement of a started service's region.
 static control::RegionAnnounce announcement(const AgentConfig& config, const ServiceConfig& s,
                                             ServedRegion& served) {
-  control::RegionAnnounce a{s.name, "shm", served.region.name(), served.bytes(), s.destinations()};
+  control::RegionAnnounce a;
+  a.service = s.name;
+  a.transport = "shm";
+  a.shm_name = served.region.name();
+  a.region_bytes = served.bytes();
+  a.destinations = s.destinations();
 #ifdef CARACAL_HAVE_RDMA
   if (config.transport == TransportKind::kRdma) {
     const mqueue::RdmaRegionAddress x = served.rdma->exporter().exported();

@@ -516,6 +516,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
         s->socket.set_option(asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true),
                              ec);
       }
+      if (!ec) size_buffers(*s, i == 0, ec);
       if (!ec) s->socket.bind(ep, ec);
       if (!ec) s->socket.non_blocking(true, ec);
       if (ec) {
@@ -639,6 +640,38 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     std::array<mmsghdr, kReceiveBatch> headers{};
     std::array<iovec, kReceiveBatch> pieces{};
   };
+
+  // Asks for config_.socket_buffer_bytes of receive and send buffer. `report`: say what the
+  // kernel gave (once per listener), as a warning where it cut a size the config asked for.
+  void size_buffers(Socket& s, bool report, error_code& ec) {
+    const int want = static_cast<int>(config_.socket_buffer_bytes);
+    s.socket.set_option(asio::socket_base::receive_buffer_size(want), ec);
+    if (!ec) s.socket.set_option(asio::socket_base::send_buffer_size(want), ec);
+    if (ec || !report) return;
+    asio::socket_base::receive_buffer_size rcv;
+    asio::socket_base::send_buffer_size snd;
+    s.socket.get_option(rcv, ec);
+    if (!ec) s.socket.get_option(snd, ec);
+    if (ec) return;
+    // Linux reports twice the size it took (the other half is its bookkeeping, socket(7));
+    // Asio halves the value again on Linux, so these are the sizes asked for after the cap.
+    const int rcv_usable = rcv.value();
+    const int snd_usable = snd.value();
+    if (rcv_usable >= want && snd_usable >= want) {
+      spdlog::debug("{}: socket buffers of {} bytes", name_, want);
+      return;
+    }
+    const std::string text = fmt::format(
+        "{}: asked for {} byte socket buffers, the kernel gave {} (receive) and {} (send); it "
+        "caps them at net.core.rmem_max and net.core.wmem_max (sysctl), and large datagrams "
+        "that find a full buffer are dropped by the kernel",
+        name_, want, rcv_usable, snd_usable);
+    if (config_.socket_buffer_set) {
+      spdlog::warn("{}", text);
+    } else {
+      spdlog::info("{}", text);
+    }
+  }
 
   // The first datagram of a turn comes through Asio (which waits on the reactor when the socket
   // is empty); drain() then takes what else has queued up in batches, so that under load a

@@ -214,6 +214,43 @@ services:
   }
 }
 
+TEST(ListenerConfig, SocketBufferBytesSizesAsioUdpSocketsOnly) {
+  const auto with = [](const std::string& listener) {
+    return std::string(R"(control: { listen: 127.0.0.1:1, secret: 0123456789abcdef }
+services:
+  - name: e
+    max_message_bytes: 64
+    listeners:
+      - )") +
+           listener + "\n";
+  };
+  const ServerConfig defaults = parse_server_config(
+      config::load_yaml_text(with("{ protocol: udp, listen: 127.0.0.1:1 }"), "t.yaml"));
+  EXPECT_EQ(defaults.services[0].listeners[0].socket_buffer_bytes,
+            ListenerConfig::kDefaultSocketBufferBytes);
+  EXPECT_FALSE(defaults.services[0].listeners[0].socket_buffer_set);
+  const ServerConfig set = parse_server_config(config::load_yaml_text(
+      with("{ protocol: udp, listen: 127.0.0.1:1, socket_buffer_bytes: 65536 }"), "t.yaml"));
+  EXPECT_EQ(set.services[0].listeners[0].socket_buffer_bytes, 65536u);
+  EXPECT_TRUE(set.services[0].listeners[0].socket_buffer_set);
+  const std::pair<const char*, const char*> refused[] = {
+      {"{ protocol: tcp, listen: 127.0.0.1:1, framing: { kind: line }, socket_buffer_bytes: 65536 "
+       "}",
+       "Asio UDP listener"},
+      {"{ protocol: udp, listen: 127.0.0.1:1, socket_buffer_bytes: 100 }", "4096"},
+      {"{ protocol: udp, listen: 127.0.0.1:1, socket_buffer_bytes: -1 }", "t.yaml:6:"},
+  };
+  for (const auto& [listener, says] : refused) {
+    try {
+      parse_server_config(config::load_yaml_text(with(listener), "t.yaml"));
+      ADD_FAILURE() << "accepted " << listener;
+    } catch (const config::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("t.yaml:6:"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // A server with a DPDK port: its listeners share the port's address and differ by UDP port.
 const char* kDpdk = R"yaml(control: { listen: 127.0.0.1:7100, secret: 0123456789abcdef0123 }
 dpdk:

@@ -24,6 +24,7 @@
 //           framing: { kind: length_prefixed, prefix_bytes: 4, byte_order: big }
 //           error_reply: "ERROR {reason}"   # optional, see ListenerConfig
 //           max_pipeline: 4096              # optional
+//         - { protocol: udp, listen: 0.0.0.0:7002, socket_buffer_bytes: 8388608 }  # optional
 //   dpdk:                          # optional: the DPDK port that `kind: dpdk` listeners use
 //     eal_args: [--no-huge, -m, "256", "--vdev=net_af_packet0,iface=veth0", -l, "0-1"]
 //     port: net_af_packet0         # the ethdev's name; default: the only port there is
@@ -62,6 +63,13 @@ struct ListenerConfig {
   std::optional<std::string> error_reply;
   // TCP: requests of one connection read and not yet answered before it stops reading.
   uint32_t max_pipeline = 4096;
+  // UDP (Asio): SO_RCVBUF and SO_SNDBUF asked for on each socket. The kernel caps them at
+  // net.core.rmem_max and wmem_max; a value set here that the kernel cuts is logged as a warning.
+  // The Linux default (about 208 KiB) holds only a dozen 16 KiB datagrams, so a burst of large
+  // requests or replies would be dropped by the kernel.
+  static constexpr uint32_t kDefaultSocketBufferBytes = 4u << 20;
+  uint32_t socket_buffer_bytes = kDefaultSocketBufferBytes;
+  bool socket_buffer_set = false;  // given in the config (a cut is then a warning)
 };
 
 struct ServiceConfig {

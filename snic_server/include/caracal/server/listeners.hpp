@@ -59,11 +59,20 @@ class IoPool {
  public:
   explicit IoPool(uint32_t threads) {
     for (uint32_t i = 0; i < (threads == 0 ? 1 : threads); ++i) {
-      // Concurrency hint 1: one thread runs each context (locking stays on, for the posts
-      // from the engine and from the other contexts).
-      contexts_.push_back(std::make_unique<boost::asio::io_context>(1));
+      contexts_.push_back(std::make_unique<Context>());
     }
   }
+  // Handlers still queued when the pool goes (a listener's close, a burst of replies) may hold
+  // the last reference to a listener whose sockets belong to other contexts of the pool, and
+  // destroying it then touches those contexts' services. So every context is shut down first,
+  // which destroys the queued handlers while all the services still exist, and only then are
+  // the contexts destroyed (their own shutdown then finds nothing left to do).
+  ~IoPool() {
+    for (auto& c : contexts_)
+      c->shutdown();
+  }
+  IoPool(const IoPool&) = delete;
+  IoPool& operator=(const IoPool&) = delete;
   size_t size() const { return contexts_.size(); }
   boost::asio::io_context& main() { return *contexts_[0]; }
   boost::asio::io_context& at(size_t i) { return *contexts_[i % contexts_.size()]; }
@@ -77,7 +86,14 @@ class IoPool {
   }
 
  private:
-  std::vector<std::unique_ptr<boost::asio::io_context>> contexts_;
+  class Context : public boost::asio::io_context {
+   public:
+    // Concurrency hint 1: one thread runs each context (locking stays on, for the posts from
+    // the engine and from the other contexts).
+    Context() : boost::asio::io_context(1) {}
+    using boost::asio::execution_context::shutdown;
+  };
+  std::vector<std::unique_ptr<Context>> contexts_;
   std::atomic<size_t> next_{0};
 };
 

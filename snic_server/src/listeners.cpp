@@ -117,22 +117,6 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     asio::post(socket_.get_executor(), [self = shared_from_this()] { self->begin(); });
   }
 
-  void begin() {
-    token_base_ = shared_->replies.acquire(shared_from_this());
-    if (!token_base_) {
-      spdlog::warn("{}: connection from {} refused: every reply slot is in use", shared_->name,
-                   peer_);
-      shared_->stats.drop(DropReason::kReplySlots);
-      close_now();
-      return;
-    }
-    shared_->stats.connections.add(1);
-    counted_ = true;
-    error_code ec;
-    socket_.set_option(tcp::no_delay(true), ec);
-    read();
-  }
-
   // Engine thread (see ReplySink): a burst's replies reach the strand in one post.
   void deliver(uint64_t token, const udp::endpoint&, Reply reply) override {
     outgoing_.emplace_back(token, std::move(reply));
@@ -161,6 +145,23 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   }
 
  private:
+  // The connection's strand (see start()).
+  void begin() {
+    token_base_ = shared_->replies.acquire(shared_from_this());
+    if (!token_base_) {
+      spdlog::warn("{}: connection from {} refused: every reply slot is in use", shared_->name,
+                   peer_);
+      shared_->stats.drop(DropReason::kReplySlots);
+      close_now();
+      return;
+    }
+    shared_->stats.connections.add(1);
+    counted_ = true;
+    error_code ec;
+    socket_.set_option(tcp::no_delay(true), ec);
+    read();
+  }
+
   struct Pending {
     bool done = false;
     bool fatal = false;  // close the connection after this one
@@ -575,7 +576,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   // Engine thread. With few requests outstanding the engine sends the burst itself: handing it
   // to the socket's I/O thread would add that thread's wake-up to every reply's latency. Under
   // load the sends go to the I/O threads, one post per socket and burst: a send costs the sender
-  // the network stack's work for the datagram (on loopback, the receiver's as well), and the
+  // the network stack's work for the datagram (on loopback likely the receiver's as well), and the
   // engine, which serves every socket, would otherwise be the serial stage.
   void end_burst() override {
     const bool hand_off = outstanding_.load(std::memory_order_relaxed) >= kHandOffOutstanding;

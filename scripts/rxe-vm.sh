@@ -52,10 +52,11 @@ for t in qemu-system-x86_64 busybox ldd gzip flock cpio ibv_devices rdma dpkg-de
 done
 
 # ---- 1. kernel (cached; pruned to vmlinuz + the modules we need, ~15 MB) ----------------------
-MODS="crc32_generic rdma_rxe rdma_ucm dummy"
+MODS="crc32_generic rdma_rxe rdma_ucm dummy veth"
 mkdir -p "$CACHE" || die "cannot create cache dir $CACHE"
 exec 9>"$CACHE/.lock"; flock 9            # parallel runs share the cache
-if [ ! -e "$CACHE/kpkg/.ok" ]; then
+# .ok holds the module list it was prepared for: a changed list prepares the cache again.
+if [ "$(cat "$CACHE/kpkg/.ok" 2>/dev/null)" != "$MODS" ]; then
   T0=$(now)
   rm -rf "$CACHE/kpkg" "$CACHE/full" "$CACHE/dl"; mkdir -p "$CACHE/dl"
   if [ -n "${RXE_VM_KERNEL_DEB:-}" ]; then
@@ -108,7 +109,7 @@ if [ ! -e "$CACHE/kpkg/.ok" ]; then
   done
   cp "$CACHE/full/lib/modules/$KVER"/modules.{builtin,order} "$CACHE/kpkg/lib/modules/$KVER/"
   busybox depmod -b "$CACHE/kpkg" "$KVER" || die "depmod failed"
-  rm -rf "$CACHE/full" "$CACHE/dl"; touch "$CACHE/kpkg/.ok"
+  rm -rf "$CACHE/full" "$CACHE/dl"; echo "$MODS" > "$CACHE/kpkg/.ok"
   echo "rxe-vm: prepared kernel $KVER in $(since "$T0")s under $CACHE" >&2
 fi
 flock -u 9
@@ -137,8 +138,9 @@ add_libs() {  # copy the shared libraries an ELF file needs
     while read -r l; do add_file "$l"; done
 }
 mkdir -p "$R/lib/modules"; cp -r "$MODDIR" "$R/lib/modules/"
-# rdma-core userspace and tools (perftest's are optional)
-for b in rdma ibv_devices ibv_devinfo ibv_rc_pingpong rping ib_write_lat ib_read_lat ib_send_lat \
+# rdma-core userspace and tools (perftest's are optional); iproute2's ip, for what busybox's
+# lacks (veth pairs, neighbour entries; tests/rdma/link_fault.sh)
+for b in ip rdma ibv_devices ibv_devinfo ibv_rc_pingpong rping ib_write_lat ib_read_lat ib_send_lat \
          ib_write_bw ib_read_bw; do
   p=$(command -v $b 2>/dev/null) || continue; add_file "$p"; add_libs "$p"
 done
@@ -170,7 +172,7 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 mkdir -p /dev/pts /dev/shm /root; mount -t devpts devpts /dev/pts; mount -t tmpfs tmp /tmp
 mount -t tmpfs shm /dev/shm
 fail() { echo "RXE_VM_SETUP_FAILED: $*"; dmesg | tail -15; lsmod; ip link; echo "RXE_VM_EXIT_CODE=125"; poweroff -f; }
-for m in crc32_generic rdma_rxe rdma_ucm dummy; do modprobe $m || fail "modprobe $m"; done
+for m in crc32_generic rdma_rxe rdma_ucm dummy veth; do modprobe $m || fail "modprobe $m"; done
 ip link set lo up
 ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy
 ip addr add 192.0.2.1/24 dev dummy0; ip link set dummy0 up

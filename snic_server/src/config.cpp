@@ -16,7 +16,8 @@ using config::Field;
 
 ControlConfig parse_control(const Field& f) {
   f.allow_only({"listen", "secret", "secret_file", "heartbeat_interval_ms", "agent_timeout_ms",
-                "rdma_connect_timeout_ms", "rdma_reconnect_max_ms"});
+                "rdma_connect_timeout_ms", "rdma_reconnect_max_ms", "rdma_ack_timeout",
+                "rdma_retry_count"});
   ControlConfig c;
   c.listen = config::as_host_port(f.required("listen"));
   c.secret = control::read_secret(f);
@@ -31,6 +32,12 @@ ControlConfig parse_control(const Field& f) {
   }
   if (auto v = f.optional("rdma_reconnect_max_ms")) {
     c.rdma_reconnect_max_ms = static_cast<uint32_t>(v->as_uint(100, 600'000));
+  }
+  if (auto v = f.optional("rdma_ack_timeout")) {
+    c.rdma_ack_timeout = static_cast<uint8_t>(v->as_uint(1, 31));
+  }
+  if (auto v = f.optional("rdma_retry_count")) {
+    c.rdma_retry_count = static_cast<uint8_t>(v->as_uint(0, 7));
   }
   if (c.agent_timeout_ms <= c.heartbeat_interval_ms) {
     f.fail("agent_timeout_ms (" + std::to_string(c.agent_timeout_ms) +

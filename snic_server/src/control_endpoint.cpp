@@ -248,12 +248,12 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   // back on this session's strand.
   void connect_rdma(const std::string& service, bool first) {
     const RdmaState& st = rdma_.at(service);
-    RdmaRegionTarget target{st.announce.rdma_host,
-                            st.announce.rdma_port,
-                            st.announce.rdma_address,
-                            st.announce.rdma_rkey,
-                            st.announce.region_bytes,
-                            std::chrono::milliseconds(ep_.config_.control.rdma_connect_timeout_ms)};
+    const ControlConfig& c = ep_.config_.control;
+    RdmaRegionTarget target{
+        st.announce.rdma_host,    st.announce.rdma_port,
+        st.announce.rdma_address, st.announce.rdma_rkey,
+        st.announce.region_bytes, std::chrono::milliseconds(c.rdma_connect_timeout_ms),
+        c.rdma_ack_timeout,       c.rdma_retry_count};
     ep_.worker_->submit([self = shared_from_this(), target, service, first] {
       auto binding =
           std::make_shared<Result<std::unique_ptr<RegionBinding>>>(bind_rdma_region(target));
@@ -275,9 +275,10 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     const std::string what = "agent '" + hello_.agent + "' region for service '" + service + "'";
     if (!binding.ok()) {
       ep_.rdma_reconnect_failures_.inc();
-      spdlog::warn("{}: {}: reconnect {} failed: {}; next try in {} ms", origin_, what, st.attempts,
+      const uint32_t attempt = st.attempts;
+      schedule_reconnect(service);  // sets the wait before the next try
+      spdlog::warn("{}: {}: reconnect {} failed: {}; next try in {} ms", origin_, what, attempt,
                    binding.status().message(), st.backoff.count());
-      schedule_reconnect(service);
       return;
     }
     if (admit(st.announce, st.service, std::move(binding), false)) {

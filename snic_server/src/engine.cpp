@@ -288,6 +288,8 @@ Result<std::unique_ptr<RegionBinding>> bind_rdma_region(const RdmaRegionTarget& 
   o.port = target.port;
   o.region = mqueue::RdmaRegionAddress{target.address, target.rkey, target.region_bytes};
   o.timeout = target.timeout;
+  o.ack_timeout = target.ack_timeout;
+  o.retry_count = target.retry_count;
   Result<std::unique_ptr<mqueue::RdmaTransport>> t = mqueue::RdmaTransport::connect(o);
   if (!t.ok()) return t.status();
   std::unique_ptr<mqueue::RdmaTransport> transport = std::move(t).value();

@@ -7,6 +7,8 @@
 # copies in every tool the scripts need.
 set -u
 export PATH=/opt/test:$PATH
+# Scripts that rewire the network (link_fault.sh) run only where this is set.
+export CARACAL_E2E_VM=1
 B=/tmp/caracal-build
 mkdir -p "$B/snic_server" "$B/examples/echo" "$B/tests/e2e"
 ln -sf /opt/test/snic_server "$B/snic_server/snic_server"

@@ -159,6 +159,25 @@ TEST(ServerConfig, RdmaTimeouts) {
   EXPECT_NE(e.find("test.yaml:8:"), std::string::npos) << e;
 }
 
+TEST(ServerConfig, RdmaQueuePairRetries) {
+  const ServerConfig d = parse(kValid);
+  EXPECT_EQ(d.control.rdma_ack_timeout, 18u);
+  EXPECT_EQ(d.control.rdma_retry_count, 6u);
+  const ServerConfig c = parse(with("agent_timeout_ms: 500",
+                                    "agent_timeout_ms: 500\n"
+                                    "  rdma_ack_timeout: 16\n"
+                                    "  rdma_retry_count: 3"));
+  EXPECT_EQ(c.control.rdma_ack_timeout, 16u);
+  EXPECT_EQ(c.control.rdma_retry_count, 3u);
+  std::string e =
+      error_of(with("agent_timeout_ms: 500", "agent_timeout_ms: 500\n  rdma_ack_timeout: 32"));
+  EXPECT_NE(e.find("test.yaml:8:"), std::string::npos) << e;
+  EXPECT_NE(e.find("control.rdma_ack_timeout"), std::string::npos) << e;
+  e = error_of(with("agent_timeout_ms: 500", "agent_timeout_ms: 500\n  rdma_retry_count: 8"));
+  EXPECT_NE(e.find("test.yaml:8:"), std::string::npos) << e;
+  EXPECT_NE(e.find("control.rdma_retry_count"), std::string::npos) << e;
+}
+
 TEST(ServerConfig, SyntaxErrorCarriesTheParserPosition) {
   const std::string e = error_of(with("  listen: 127.0.0.1:7100", "  listen: [127.0.0.1:7100"));
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;

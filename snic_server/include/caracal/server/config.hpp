@@ -10,6 +10,8 @@
 //     agent_timeout_ms: 1000
 //     rdma_connect_timeout_ms: 2000    # connecting to an rdma agent's region (see below)
 //     rdma_reconnect_max_ms: 5000      # longest wait between reconnects to an rdma region
+//     rdma_ack_timeout: 18             # queue pairs to rdma regions: ACK timeout 4.096 us * 2^n
+//     rdma_retry_count: 6              # and retries before a lost agent fails the queue pair
 //   metrics:                       # optional Prometheus endpoint
 //     listen: 127.0.0.1:9100
 //   services:
@@ -118,6 +120,12 @@ struct ControlConfig {
   // After an rdma region's transport fails while its agent stays registered, the server
   // reconnects after 100 ms, doubling the wait after each failed try up to this.
   uint32_t rdma_reconnect_max_ms = 5000;
+  // The RC queue pairs to rdma regions: local ACK timeout (exponent of 4.096 us * 2^n, 1-31)
+  // and transport retries (0-7). An agent whose RDMA device stops answering fails its queue
+  // pair after (retries + 1) timeouts, about 7.5 s with these. Soft-RoCE takes 7 retries as
+  // "retry forever".
+  uint8_t rdma_ack_timeout = 18;
+  uint8_t rdma_retry_count = 6;
 };
 
 struct ServerConfig {

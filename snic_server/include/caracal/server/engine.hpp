@@ -239,6 +239,9 @@ struct RdmaRegionTarget {
   uint64_t region_bytes = 0;
   // For the rdma_cm connect, and again for each of attach's two header READs.
   std::chrono::milliseconds timeout{2000};
+  // The queue pair's local ACK timeout exponent and retry count (mqueue::RdmaConnectOptions).
+  uint8_t ack_timeout = 18;
+  uint8_t retry_count = 6;
 };
 
 // Connects one RC queue pair to the agent's RdmaRegionExporter and attaches to the region

@@ -2,10 +2,13 @@
 
 #include <pthread.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 #include "caracal/mqueue/remote_region.hpp"
@@ -14,8 +17,66 @@
 #include "caracal/mqueue/rdma.hpp"
 #endif
 #include "caracal/server/service.hpp"
+#include "engine_profile.hpp"
 
 namespace caracal::server {
+
+namespace prof = engine_profile;
+
+#ifdef CARACAL_ENGINE_PROFILE
+namespace engine_profile {
+namespace {
+
+constexpr const char* kStageNames[kStageCount] = {
+    "round",        "serve",      "inbox_take",  "rx_write",   "rx_copy", "request_free",
+    "tx_fetch",     "tx_next",    "reply_alloc", "reply_copy", "route",   "deliver",
+    "answer_other", "tx_release", "flush",       "idle"};
+
+thread_local std::chrono::steady_clock::time_point started;
+thread_local rusage usage_at_start;
+thread_local timespec cpu_at_start;
+
+}  // namespace
+
+void thread_begin() {
+  totals = Totals{};
+  started = std::chrono::steady_clock::now();
+  getrusage(RUSAGE_THREAD, &usage_at_start);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_at_start);
+}
+
+void thread_end() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  timespec cpu{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double cpu_s = static_cast<double>(cpu.tv_sec - cpu_at_start.tv_sec) +
+                       static_cast<double>(cpu.tv_nsec - cpu_at_start.tv_nsec) * 1e-9;
+  const double user_s =
+      static_cast<double>(u.ru_utime.tv_sec - usage_at_start.ru_utime.tv_sec) +
+      static_cast<double>(u.ru_utime.tv_usec - usage_at_start.ru_utime.tv_usec) * 1e-6;
+  const double sys_s =
+      static_cast<double>(u.ru_stime.tv_sec - usage_at_start.ru_stime.tv_sec) +
+      static_cast<double>(u.ru_stime.tv_usec - usage_at_start.ru_stime.tv_usec) * 1e-6;
+  std::fprintf(stderr,
+               "engine profile: wall %.3f s, thread cpu %.3f s (user %.3f, sys %.3f), minor "
+               "faults %ld, major %ld, voluntary switches %ld, involuntary %ld\n",
+               wall_s, cpu_s, user_s, sys_s, u.ru_minflt - usage_at_start.ru_minflt,
+               u.ru_majflt - usage_at_start.ru_majflt, u.ru_nvcsw - usage_at_start.ru_nvcsw,
+               u.ru_nivcsw - usage_at_start.ru_nivcsw);
+  for (uint32_t i = 0; i < kStageCount; ++i) {
+    if (totals.count[i] == 0) continue;
+    std::fprintf(stderr, "engine profile: %-13s %10.3f ms %10llu x %9.1f ns\n", kStageNames[i],
+                 static_cast<double>(totals.ns[i]) * 1e-6,
+                 static_cast<unsigned long long>(totals.count[i]),
+                 static_cast<double>(totals.ns[i]) / static_cast<double>(totals.count[i]));
+  }
+}
+
+}  // namespace engine_profile
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // QueueInbox
@@ -106,19 +167,29 @@ class TransportBinding final : public RegionBinding {
     for (uint32_t q = 0; q < queues; ++q) {
       QueueInbox& inbox = r.inbox(q);
       std::deque<Message>& backlog = backlog_[q];
-      busy |= inbox.take(backlog);
+      {
+        prof::Scope t(prof::kInboxTake);
+        busy |= inbox.take(backlog);
+      }
       if (backlog.empty()) continue;
       auto& rx = region_.rx(q);
       const bool server_queue = q < h.server_queue_count;
       uint32_t written = 0;
+      prof::Scope rx_write(prof::kRxWrite);
       while (!backlog.empty()) {
         Message& m = backlog.front();
         std::byte* dst = rx.reserve(static_cast<uint32_t>(m.bytes.size()));
         if (dst == nullptr) break;  // no credits yet (a read of the head is in flight)
-        if (!m.bytes.empty()) std::memcpy(dst, m.bytes.data(), m.bytes.size());
+        if (!m.bytes.empty()) {
+          prof::Scope t(prof::kRxCopy);
+          std::memcpy(dst, m.bytes.data(), m.bytes.size());
+        }
         rx.commit(static_cast<uint32_t>(m.bytes.size()), m.token, m.flags);
         if (server_queue) in_flight_.emplace(m.token, m.submitted);
-        backlog.pop_front();
+        {
+          prof::Scope t(prof::kRequestFree);
+          backlog.pop_front();
+        }
         ++written;
       }
       if (written != 0) {
@@ -130,12 +201,14 @@ class TransportBinding final : public RegionBinding {
       inbox.ring_slots_in_use.store(rx.outstanding_slots(), std::memory_order_relaxed);
     }
     // TX rings: one read of every tail, then the entries each one uncovered.
+    std::optional<prof::Scope> tx_fetch(std::in_place, prof::kTxFetch);
     if (should_fetch_tx_tails()) region_.fetch_tx_tails();
     if (Status s = transport_->progress(); !s.ok()) {
       fault = "transport: " + s.message();
       return true;
     }
     if (!region_.deliver_tx_tails()) return busy;
+    tx_fetch.reset();
     bool delivered_any = false;
     for (uint32_t q = 0; q < queues; ++q) {
       auto& tx = region_.tx(q);
@@ -143,7 +216,12 @@ class TransportBinding final : public RegionBinding {
       mqueue::Entry e;
       mqueue::PollResult pr;
       bool any = false;
-      while ((pr = tx.next(e)) == mqueue::PollResult::kReady) {
+      for (;;) {
+        {
+          prof::Scope t(prof::kTxNext);
+          pr = tx.next(e);
+        }
+        if (pr != mqueue::PollResult::kReady) break;
         any = true;
         if (server_queue) {
           reply(engine, r, q, e);
@@ -152,6 +230,7 @@ class TransportBinding final : public RegionBinding {
         }
       }
       if (any) {
+        prof::Scope t(prof::kTxRelease);
         tx.release();
         tx.publish();
         busy = true;
@@ -235,6 +314,11 @@ class TransportBinding final : public RegionBinding {
       rep.kind = Reply::Kind::kNoReply;
     } else {
       rep.kind = (e.flags & mqueue::kSlotError) != 0 ? Reply::Kind::kError : Reply::Kind::kData;
+      {
+        prof::Scope t(prof::kReplyAlloc);
+        rep.bytes.reserve(e.length);
+      }
+      prof::Scope t(prof::kReplyCopy);
       rep.bytes.assign(reinterpret_cast<const char*>(e.payload), e.length);
     }
     engine.answer(r.service(), e.token, std::move(rep), submitted);
@@ -321,7 +405,9 @@ void Engine::start() {
   stopping_.store(false);
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "caracal-engine");
+    prof::thread_begin();
     run();
+    prof::thread_end();
   });
 }
 
@@ -380,9 +466,12 @@ void Engine::notify_always() {
 }
 
 void Engine::answer(Service* service, uint64_t token, Reply reply, Clock::time_point submitted) {
+  std::optional<prof::Scope> stage(std::in_place, prof::kAnswerOther);
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (service != nullptr) service->count_answer(reply, Clock::now() - submitted);
+  stage.emplace(prof::kRoute);
   std::optional<ReplyTable::Route> route = replies_.route(token);
+  stage.emplace(prof::kDeliver);
   if (!route) {
     // The connection closed (or the UDP request was already failed): nobody to answer.
     if (service != nullptr) service->count_drop(DropReason::kConnectionClosed);
@@ -396,6 +485,8 @@ void Engine::answer(Service* service, uint64_t token, Reply reply, Clock::time_p
 }
 
 void Engine::flush_replies() {
+  if (to_flush_.empty()) return;
+  prof::Scope t(prof::kFlush);
   for (const std::shared_ptr<ReplySink>& sink : to_flush_) {
     sink->awaiting_end_burst = false;
     sink->end_burst();
@@ -473,6 +564,7 @@ void Engine::fail_region(Attached& a, const std::string& reason) {
 void Engine::run() {
   uint32_t idle_rounds = 0;
   for (;;) {
+    prof::Scope round(prof::kRound);
     round_seen_ = submitted_.load(std::memory_order_seq_cst);
     bool busy = apply_commands();
     flush_replies();
@@ -480,7 +572,10 @@ void Engine::run() {
     for (size_t i = 0; i < regions_.size();) {
       Attached& a = regions_[i];
       std::string fault;
-      busy |= a.region->binding().serve(*this, *a.region, fault);
+      {
+        prof::Scope t(prof::kServe);
+        busy |= a.region->binding().serve(*this, *a.region, fault);
+      }
       flush_replies();  // this region's replies go out before the next region is polled
       if (!fault.empty()) {
         spdlog::error("{}: {}; the region is dropped", a.region->label(), fault);
@@ -504,6 +599,7 @@ void Engine::run() {
     if (busy) {
       idle_rounds = 0;
     } else {
+      prof::Scope t(prof::kIdle);
       idle(++idle_rounds);
     }
   }

@@ -34,6 +34,9 @@ if [ -n "$sanitize" ]; then
   # TSan suite runs no slower.
   cmake_args+=(-DCARACAL_SANITIZE="$sanitize" -DCARACAL_WITH_CUDA=OFF -DCARACAL_BUILD_BENCH=OFF
                "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-Og -g1 -DNDEBUG")
+  # The engine's stage profile is for benchmarks; the ASan+UBSan build compiles and runs it so
+  # that code is checked too (it only adds timers and a report at exit).
+  case $sanitize in *address*) cmake_args+=(-DCARACAL_ENGINE_PROFILE=ON) ;; esac
 else
   build="build"
 fi

@@ -19,7 +19,12 @@ def sockperf_summary(path):
     except OSError:
         return None
     out = {}
-    m = re.search(r"Summary: Latency is ([0-9.]+) usec", text)
+    # run.sh passes --full-rtt ("Round trip is"); sockperf's default reports half the round
+    # trip ("Latency is"), which older runs recorded.
+    m = re.search(r"Summary: Round trip is ([0-9.]+) usec", text)
+    out["round_trip"] = m is not None
+    if not m:
+        m = re.search(r"Summary: Latency is ([0-9.]+) usec", text)
     if m:
         out["avg_us"] = float(m.group(1))
     for key, pct in (("p50_us", "50.000"), ("p90_us", "90.000"), ("p99_us", "99.000"),
@@ -173,6 +178,11 @@ def markdown(run):
     sp = [q for q in pts if q.get("kind") == "sockperf"]
     if sp:
         lines.append("## sockperf ping-pong (UDP, echo): the unmodified client, us")
+        lines.append("")
+        if all((q.get("sockperf_latency") or {}).get("round_trip") for q in sp):
+            lines.append("Round trips (`--full-rtt`), as loadgen measures them.")
+        else:
+            lines.append("sockperf's default: half the round trip, unlike loadgen's figures.")
         lines.append("")
         lines.append("| server | size | avg | p50 | p99 | p99.9 | dropped |")
         lines.append("|---|---|---|---|---|---|---|")

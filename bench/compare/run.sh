@@ -30,7 +30,8 @@
 # CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (the agent's gpu.workers; 0: one per
 # queue), CPU_WORKERS (cpu.workers, 1), SOCKPERF (path; else PATH, else build-debs/*.deb),
 # SERVERS (of "caracal host_centric cpu"; default: every one built), SNIC (the snic_server
-# binary; another build's, to compare two versions of the server in one session).
+# binary; another build's, to compare two versions of the server in one session), LOADGEN_ARGS
+# (more caracal_loadgen options for every point, e.g. --busy-poll).
 # With the defaults a full run takes about 7 minutes.
 set -uo pipefail
 
@@ -55,6 +56,7 @@ OPEN_FRACTIONS=${OPEN_FRACTIONS:-"0.25 0.5 0.75 0.9 1.1"}
 BATCH=${BATCH:-64}
 BATCH_TIMEOUT_US=${BATCH_TIMEOUT_US:-20}
 AGENT_QUEUES=${AGENT_QUEUES:-8}
+LOADGEN_ARGS=${LOADGEN_ARGS:-}
 MAX_MESSAGE=16384
 if [ "$CPU_ONLY" -eq 1 ]; then
   CARACAL_ACCEL=${CARACAL_ACCEL:-cpu}
@@ -241,7 +243,8 @@ point() {
   t0=$(ticks)
   w0=$(date +%s.%N)
   "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
-    --warmup "$WARMUP" --duration "$DURATION" --json "$RAW/$name.json" --label "$name" "$@" \
+    --warmup "$WARMUP" --duration "$DURATION" --json "$RAW/$name.json" --label "$name" \
+    $LOADGEN_ARGS "$@" \
     >"$RAW/$name.out" 2>&1
   rc=$?
   w1=$(date +%s.%N)
@@ -267,8 +270,9 @@ sockperf_point() {
   w0=$(date +%s.%N)
   local secs
   secs=$(awk -v d="$DURATION" 'BEGIN { s = int(d + 0.999); print (s < 1 ? 1 : s) }')
+  # --full-rtt: round trips, as loadgen measures them (sockperf's default is half of one).
   timeout $((secs + 30)) "$SOCKPERF" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m "$size" -t "$secs" \
-    >"$RAW/$name.txt" 2>&1
+    --full-rtt >"$RAW/$name.txt" 2>&1
   local rc=$?
   w1=$(date +%s.%N)
   t1=$(ticks)
@@ -277,7 +281,7 @@ sockperf_point() {
     'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
   printf '{"server":"%s","handler":"echo","proto":"udp","size":%s,"kind":"sockperf","sockperf_rc":%d,"cpu_cores":%s,"sockperf":"%s"}\n' \
     "$server" "$size" "$rc" "$cores" "$name.txt" >>"$POINTS"
-  log "$name: $(grep -m1 'Summary: Latency' "$RAW/$name.txt" || echo "sockperf exited $rc")"
+  log "$name: $(grep -m1 -E 'Summary: (Round trip|Latency)' "$RAW/$name.txt" || echo "sockperf exited $rc")"
 }
 
 FAILED=0
@@ -330,7 +334,7 @@ done
   echo "  \"hostname\": \"$(hostname)\","
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

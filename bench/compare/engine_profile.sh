@@ -28,15 +28,7 @@ AGENT_QUEUES=${AGENT_QUEUES:-8}
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 SECRET="profile-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 
-wait_for_line() {  # FILE REGEX SECONDS
-  for _ in $(seq $(($3 * 20))); do
-    grep -Eq "$2" "$1" 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "engine_profile.sh: $(basename "$1") never showed /$2/ within $3 s" >&2
-  tail -20 "$1" >&2
-  return 1
-}
+source "$(dirname "$0")/lib.sh"  # wait_for_line
 
 stop() {  # PID...
   for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done

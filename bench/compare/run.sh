@@ -117,15 +117,7 @@ trap stop_servers EXIT
 
 log() { echo "[$(($(date +%s) - T0))s] $*" >&2; }
 
-wait_for_line() {  # FILE REGEX SECONDS
-  for _ in $(seq $(($3 * 20))); do
-    grep -Eq "$2" "$1" 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "run.sh: $(basename "$1") never showed /$2/ within $3 s:" >&2
-  tail -20 "$1" >&2
-  return 1
-}
+source "$(dirname "$0")/lib.sh"  # wait_for_line
 
 # CPU ticks (utime + stime) of the server's processes so far.
 ticks() {

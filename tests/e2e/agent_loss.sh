@@ -23,31 +23,14 @@ start_agent echo-1 "$ECHO_AGENT" "$SERVICE"
 start_agent echo-2 "$ECHO_AGENT" "$SERVICE"
 PORT=$(port_of "tcp/127.0.0.1:0")
 
-"$CLIENT" --connect "127.0.0.1:$PORT" --connections 200 --requests "$(load 3000)" --pipeline 8 \
-  --min-bytes 1 --max-bytes 500 --framing line --seed 7 --timeout-s 150 \
-  --error-prefix "ERROR " >"$WORK/client.log" 2>&1 &
-CLIENT_PID=$!
-PIDS+=("$CLIENT_PID")
-
-# Kill echo-1 once the load is well under way (20000 replies, CARACAL_E2E_KILL_AFTER overrides:
-# CARACAL_E2E_LOAD_PERCENT must leave the load well above that, as 25, the sanitizer runs'
-# value, does with 150000).
-KILL_AFTER=${CARACAL_E2E_KILL_AFTER:-20000}
-for _ in $(seq $((200 * TIME_SCALE))); do
-  [ "$(metric caracal_service_replies_total)" -ge "$KILL_AFTER" ] && break
-  sleep 0.05
-done
-[ "$(metric caracal_service_replies_total)" -ge "$KILL_AFTER" ] || fail "the load never got going"
+start_load 7
+# Kill echo-1 once the load is well under way.
+wait_for_replies
 kill -KILL "$AGENT_PID_echo_1"
 echo "killed echo-1 after $(metric caracal_service_replies_total) replies"
 wait_for_line "$WORK/server.log" "agent 'echo-1' lost"
-
-client_rc=0
-wait "$CLIENT_PID" || client_rc=$?
-cat "$WORK/client.log"
-[ "$client_rc" -eq 0 ] || fail "the load client saw a wrong or missing reply (exit $client_rc)"
-errors=$(sed -nE 's/.*errors=([0-9]+).*/\1/p' "$WORK/client.log")
-echo "requests failed visibly when echo-1 died: $errors"
+finish_load
+echo "requests failed visibly when echo-1 died: $LOAD_ERRORS"
 [ "$(metric caracal_agents)" -eq 1 ] || fail "the server still counts $(metric caracal_agents) agents"
 
 # The other agent alone serves everything now, with no errors.

@@ -132,6 +132,38 @@ YAML
   wait_for_line "$WORK/server.log" "agent '$name' region for service .* attached"
 }
 
+# start_load SEED: the pipelined load the fault scripts (agent_loss.sh, tests/rdma/link_fault.sh)
+# run across a fault, in the background: 200 connections x 8 in flight, every reply checked in
+# order, error replies counted (not failures). Sets LOAD_PID; output in $WORK/client.log.
+start_load() {
+  "$BUILD/tests/e2e/caracal_pipeline_client" --connect "127.0.0.1:$PORT" --connections 200 \
+    --requests "$(load 3000)" --pipeline 8 --min-bytes 1 --max-bytes 500 --framing line \
+    --seed "$1" --timeout-s 300 --error-prefix "ERROR " >"$WORK/client.log" 2>&1 &
+  LOAD_PID=$!
+  PIDS+=("$LOAD_PID")
+}
+
+# wait_for_replies N: until the server has answered N requests (CARACAL_E2E_KILL_AFTER, default
+# 20000, when N is not given; CARACAL_E2E_LOAD_PERCENT must leave the load well above it).
+wait_for_replies() {
+  local n=${1:-${CARACAL_E2E_KILL_AFTER:-20000}}
+  for _ in $(seq $((200 * TIME_SCALE))); do
+    [ "$(metric caracal_service_replies_total)" -ge "$n" ] && return 0
+    sleep 0.05
+  done
+  fail "the load never got going (fewer than $n replies)"
+}
+
+# finish_load: waits for start_load's client, which must have seen no wrong or missing reply;
+# sets LOAD_ERRORS to the requests that failed visibly.
+finish_load() {
+  local rc=0
+  wait "$LOAD_PID" || rc=$?
+  cat "$WORK/client.log"
+  [ "$rc" -eq 0 ] || fail "the load client saw a wrong or missing reply (exit $rc)"
+  LOAD_ERRORS=$(sed -nE 's/.*errors=([0-9]+).*/\1/p' "$WORK/client.log")
+}
+
 metric() {
   curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E "^$1" | awk '{s += $NF} END {print s + 0}'
 }

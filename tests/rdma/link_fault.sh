@@ -86,30 +86,17 @@ echo "echo-1's region over the veth: $(frames cr-snic tx) frames out of the serv
 [ "$(frames cr-snic tx)" -gt 0 ] || fail "the connection to echo-1 did not cross the veth"
 
 # --- the fault, under load --------------------------------------------------------------------
-"$CLIENT" --connect "127.0.0.1:$PORT" --connections 50 --requests "$(load 3000)" --pipeline 8 \
-  --min-bytes 1 --max-bytes 500 --framing line --seed 17 --timeout-s 300 \
-  --error-prefix "ERROR " >"$WORK/client.log" 2>&1 &
-CLIENT_PID=$!
-PIDS+=("$CLIENT_PID")
-FAULT_AFTER=${CARACAL_E2E_KILL_AFTER:-20000}
-for _ in $(seq $((200 * TIME_SCALE))); do
-  [ "$(metric caracal_service_replies_total)" -ge "$FAULT_AFTER" ] && break
-  sleep 0.05
-done
-[ "$(metric caracal_service_replies_total)" -ge "$FAULT_AFTER" ] || fail "the load never got going"
+start_load 17
+wait_for_replies
 ip neigh replace "$AGENT_IP" lladdr 02:00:00:00:00:01 dev cr-snic nud permanent
 echo "frames to echo-1 lost from now on, after $(metric caracal_service_replies_total) replies"
 dropped_before=$(frames cr-agent rx)
 wait_for_line "$WORK/server.log" "agent 'echo-1' region for service 'echo' left dispatch" 30
 grep -m1 "left dispatch" "$WORK/server.log"
 
-client_rc=0
-wait "$CLIENT_PID" || client_rc=$?
-cat "$WORK/client.log"
-[ "$client_rc" -eq 0 ] || fail "the load client saw a wrong or missing reply (exit $client_rc)"
-errors=$(sed -nE 's/.*errors=([0-9]+).*/\1/p' "$WORK/client.log")
-echo "requests failed visibly when echo-1's transport failed: $errors"
-[ "${errors:-0}" -gt 0 ] || fail "no request failed visibly, yet echo-1 had requests in flight"
+finish_load
+echo "requests failed visibly when echo-1's transport failed: $LOAD_ERRORS"
+[ "${LOAD_ERRORS:-0}" -gt 0 ] || fail "no request failed visibly, yet echo-1 had requests in flight"
 
 # The agent is still registered, the server is retrying and failing, and echo-2 serves alone.
 for _ in $(seq $((100 * TIME_SCALE))); do

@@ -5,6 +5,18 @@
 namespace caracal::control {
 namespace {
 
+// An shm announcement; the rdma fields keep their defaults.
+RegionAnnounce shm_announce(std::string service, std::string shm_name, uint64_t bytes,
+                            std::vector<std::string> destinations = {}) {
+  RegionAnnounce r;
+  r.service = std::move(service);
+  r.transport = "shm";
+  r.shm_name = std::move(shm_name);
+  r.region_bytes = bytes;
+  r.destinations = std::move(destinations);
+  return r;
+}
+
 Message round_trip(const Message& m) {
   const std::string frame = encode(m);
   Result<uint32_t> n = frame_length(reinterpret_cast<const std::byte*>(frame.data()));
@@ -29,13 +41,13 @@ TEST(ControlProtocol, HelloRoundTripsSecretsWithYamlSpecials) {
 }
 
 TEST(ControlProtocol, RegionRoundTrips) {
-  RegionAnnounce r{"kv", "shm", "/caracal-kv-1", 1 << 20, {"memcached", "memcached"}};
+  RegionAnnounce r = shm_announce("kv", "/caracal-kv-1", 1 << 20, {"memcached", "memcached"});
   const auto back = std::get<RegionAnnounce>(round_trip(r));
   EXPECT_EQ(back.service, "kv");
   EXPECT_EQ(back.shm_name, "/caracal-kv-1");
   EXPECT_EQ(back.region_bytes, 1u << 20);
   EXPECT_EQ(back.destinations, r.destinations);
-  const auto none = std::get<RegionAnnounce>(round_trip(RegionAnnounce{"e", "shm", "/x", 8, {}}));
+  const auto none = std::get<RegionAnnounce>(round_trip(shm_announce("e", "/x", 8)));
   EXPECT_TRUE(none.destinations.empty());
 }
 
@@ -115,7 +127,7 @@ TEST(ControlProtocol, RdmaRegionRoundTrips) {
   EXPECT_EQ(back.region_bytes, 1u << 20);
   EXPECT_EQ(back.destinations, r.destinations);
   // The shm encoding carries none of the rdma keys (old servers refuse unknown keys).
-  RegionAnnounce shm{"e", "shm", "/x", 8, {}};
+  RegionAnnounce shm = shm_announce("e", "/x", 8);
   EXPECT_EQ(encode(shm).find("rdma"), std::string::npos);
 }
 

@@ -85,9 +85,6 @@ bool QueueInbox::submit(Message& m) {
   std::lock_guard lock(m_);
   if (!open_) return false;
   items_.push_back(std::move(m));
-  // Release: pairs with the acquire in take(). The items themselves are handed over by the
-  // mutex; the flag only lets take() skip the lock while the inbox is empty.
-  has_items_.store(true, std::memory_order_release);
   waiting.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -98,23 +95,15 @@ std::vector<Message> QueueInbox::close() {
   waiting.fetch_sub(static_cast<uint32_t>(items_.size()), std::memory_order_relaxed);
   std::vector<Message> left;
   left.swap(items_);
-  has_items_.store(false, std::memory_order_relaxed);  // under the mutex, like every store
   return left;
 }
 
 bool QueueInbox::take(std::deque<Message>& out) {
-  // Every engine round looks at every inbox, and most are empty: read the flag before taking
-  // the mutex the I/O threads submit under. A submission whose store this load misses is
-  // seen next round: the submitter bumps Engine::submitted_ (seq_cst) after submit() returns,
-  // and the engine loads submitted_ at the start of each round, so the flag store happens
-  // before the next round's load of it; and the engine does not sleep while submitted_ moved.
-  if (!has_items_.load(std::memory_order_acquire)) return false;
   std::lock_guard lock(m_);
   if (items_.empty()) return false;
   for (Message& m : items_)
     out.push_back(std::move(m));
   items_.clear();
-  has_items_.store(false, std::memory_order_relaxed);  // under the mutex, like every store
   return true;
 }
 

@@ -64,8 +64,6 @@ class QueueInbox {
   std::mutex m_;
   std::vector<Message> items_;
   bool open_ = true;
-  // Whether items_ is non-empty; written under m_, read without it by take() (see there).
-  std::atomic<bool> has_items_{false};
 };
 
 // A client queue's connection to its destination (destinations.hpp). send() is called from

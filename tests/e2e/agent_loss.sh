@@ -7,21 +7,10 @@ source "$(dirname "$0")/lib.sh"
 need curl
 CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
 
-# CARACAL_E2E_AGENT_TIMEOUT_MS (default 500) lengthens the heartbeat timeout where heartbeats
-# run late (the emulated VM); a killed agent is noticed by its closed connection either way.
-start_server "io_threads: 2
-control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 50, agent_timeout_ms: ${CARACAL_E2E_AGENT_TIMEOUT_MS:-500} }
-metrics: { listen: 127.0.0.1:0 }
-services:
-  - name: echo
-    max_message_bytes: 512
-    dispatch: round_robin
-    listeners:
-      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line }, error_reply: 'ERROR {reason}' }"
-SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 512 }"
+# A killed agent is noticed by its closed connection, whatever the heartbeat timeout.
+start_fault_server
 start_agent echo-1 "$ECHO_AGENT" "$SERVICE"
 start_agent echo-2 "$ECHO_AGENT" "$SERVICE"
-PORT=$(port_of "tcp/127.0.0.1:0")
 
 start_load 7
 # Kill echo-1 once the load is well under way.

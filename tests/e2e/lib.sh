@@ -132,6 +132,25 @@ YAML
   wait_for_line "$WORK/server.log" "agent '$name' region for service .* attached"
 }
 
+# start_fault_server [CONTROL_KEYS]: the server the fault scripts (agent_loss.sh,
+# tests/rdma/link_fault.sh) run: service echo over line-framed TCP with error replies, heartbeats
+# every 50 ms (CARACAL_E2E_AGENT_TIMEOUT_MS, default 500, lengthens the timeout where they run
+# late, as in the emulated VM), and CONTROL_KEYS (", key: value" ...) added to `control`. Sets
+# PORT to the TCP listener's port and SERVICE to the agents' service entry.
+start_fault_server() {
+  start_server "io_threads: 2
+control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 50, agent_timeout_ms: ${CARACAL_E2E_AGENT_TIMEOUT_MS:-500}${1:-} }
+metrics: { listen: 127.0.0.1:0 }
+services:
+  - name: echo
+    max_message_bytes: 512
+    dispatch: round_robin
+    listeners:
+      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line }, error_reply: 'ERROR {reason}' }"
+  PORT=$(port_of "tcp/127.0.0.1:0")
+  SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 512 }"
+}
+
 # start_load SEED: the pipelined load the fault scripts (agent_loss.sh, tests/rdma/link_fault.sh)
 # run across a fault, in the background: 200 connections x 8 in flight, every reply checked in
 # order, error replies counted (not failures). Sets LOAD_PID; output in $WORK/client.log.

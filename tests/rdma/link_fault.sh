@@ -65,23 +65,13 @@ done
 frames() { cat "/sys/class/net/$1/statistics/$2_packets"; }
 
 # --- server and agents ------------------------------------------------------------------------
-start_server "io_threads: 2
-control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 50, agent_timeout_ms: ${CARACAL_E2E_AGENT_TIMEOUT_MS:-500}, rdma_reconnect_max_ms: 1000, rdma_ack_timeout: 17, rdma_retry_count: 6 }
-metrics: { listen: 127.0.0.1:0 }
-services:
-  - name: echo
-    max_message_bytes: 512
-    dispatch: round_robin
-    listeners:
-      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line }, error_reply: 'ERROR {reason}' }"
-SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 512 }"
+start_fault_server ", rdma_reconnect_max_ms: 1000, rdma_ack_timeout: 17, rdma_retry_count: 6"
 TRANSPORT_YAML="transport: rdma
 rdma: { bind_address: $AGENT_IP }"
 start_agent echo-1 "$ECHO_AGENT" "$SERVICE"
 TRANSPORT_YAML="transport: rdma
 rdma: { bind_address: $RDMA_ADDRESS }"
 start_agent echo-2 "$ECHO_AGENT" "$SERVICE"
-PORT=$(port_of "tcp/127.0.0.1:0")
 echo "echo-1's region over the veth: $(frames cr-snic tx) frames out of the server's end so far"
 [ "$(frames cr-snic tx)" -gt 0 ] || fail "the connection to echo-1 did not cross the veth"
 

@@ -21,12 +21,10 @@ def sockperf_summary(path):
     out = {}
     # run.sh passes --full-rtt ("Round trip is"); sockperf's default reports half the round
     # trip ("Latency is"), which older runs recorded.
-    m = re.search(r"Summary: Round trip is ([0-9.]+) usec", text)
-    out["round_trip"] = m is not None
-    if not m:
-        m = re.search(r"Summary: Latency is ([0-9.]+) usec", text)
+    m = re.search(r"Summary: (Round trip|Latency) is ([0-9.]+) usec", text)
     if m:
-        out["avg_us"] = float(m.group(1))
+        out["round_trip"] = m.group(1) == "Round trip"
+        out["avg_us"] = float(m.group(2))
     for key, pct in (("p50_us", "50.000"), ("p90_us", "90.000"), ("p99_us", "99.000"),
                      ("p999_us", "99.900")):
         m = re.search(r"percentile " + re.escape(pct) + r" =\s+([0-9.]+)", text)

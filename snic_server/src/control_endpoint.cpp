@@ -249,11 +249,14 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   void connect_rdma(const std::string& service, bool first) {
     const RdmaState& st = rdma_.at(service);
     const ControlConfig& c = ep_.config_.control;
-    RdmaRegionTarget target{
-        st.announce.rdma_host,    st.announce.rdma_port,
-        st.announce.rdma_address, st.announce.rdma_rkey,
-        st.announce.region_bytes, std::chrono::milliseconds(c.rdma_connect_timeout_ms),
-        c.rdma_ack_timeout,       c.rdma_retry_count};
+    RdmaRegionTarget target{.host = st.announce.rdma_host,
+                            .port = st.announce.rdma_port,
+                            .address = st.announce.rdma_address,
+                            .rkey = st.announce.rdma_rkey,
+                            .region_bytes = st.announce.region_bytes,
+                            .timeout = std::chrono::milliseconds(c.rdma_connect_timeout_ms),
+                            .ack_timeout = c.rdma_ack_timeout,
+                            .retry_count = c.rdma_retry_count};
     ep_.worker_->submit([self = shared_from_this(), target, service, first] {
       auto binding =
           std::make_shared<Result<std::unique_ptr<RegionBinding>>>(bind_rdma_region(target));

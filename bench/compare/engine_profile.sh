@@ -9,7 +9,9 @@
 #
 # Knobs (environment): SNIC (default BUILD_DIR's), POINTS ("echo:udp:16384 echo:tcp:16384"),
 # DURATION (2), WARMUP (0.5), THREADS (4), LOADGEN_THREADS (4), SAT_CONNECTIONS (8),
-# SAT_WINDOW (16), CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (0), PERF.
+# SAT_WINDOW (16), CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (0), PERF, ENGINE_THREADS
+# (snic_server's engine_threads; unset: the server's default). With several engine threads each
+# prints its own report; PERF samples the first.
 set -uo pipefail
 BUILD=$(realpath "${1:?usage: engine_profile.sh BUILD_DIR RESULTS_DIR}")
 RESULTS=${2:?usage: engine_profile.sh BUILD_DIR RESULTS_DIR}
@@ -45,6 +47,7 @@ for p in $POINTS; do
   log="$RESULTS/$name"
   cat >"$log-server.yaml" <<YAML
 io_threads: $THREADS
+$([ -n "${ENGINE_THREADS:-}" ] && echo "engine_threads: $ENGINE_THREADS")
 log_level: warn
 control: { listen: 127.0.0.1:0, secret: $SECRET, agent_timeout_ms: 5000 }
 services:

@@ -97,7 +97,8 @@ def markdown(run):
     lines.append(f"- CPU: {run['cpu_model']} ({run['online_cpus']} CPUs), {run['kernel']}")
     p = run["params"]
     lines.append(f"- {p['duration_s']} s per point after {p['warmup_s']} s warm-up; servers "
-                 f"with {p['server_threads']} I/O threads; saturation = {p['sat_connections']} "
+                 f"with {p['server_threads']} I/O threads (snic_server: engine_threads "
+                 f"{p.get('engine_threads', 'default')}); saturation = {p['sat_connections']} "
                  f"connections x window {p['sat_window']} from {p['loadgen_threads']} loadgen "
                  f"threads; host-centric batches up to {p['batch']} requests or "
                  f"{p['batch_timeout_us']} us")

@@ -4,7 +4,8 @@
 #   bench/compare/run.sh BUILD_DIR RESULTS_DIR [--cpu-only]
 #
 # Servers (each serving one handler at a time, UDP and length-prefixed TCP on loopback):
-#   caracal       snic_server (io_threads = $THREADS) + the handler's agent on $CARACAL_ACCEL
+#   caracal       snic_server (io_threads = $THREADS, engine_threads = $ENGINE_THREADS) + the
+#                 handler's agent on $CARACAL_ACCEL
 #                 (gpu:0; cpu with --cpu-only) over the shm transport
 #   host_centric  caracal_host_centric_server: $THREADS I/O threads, batches of up to $BATCH
 #                 requests or $BATCH_TIMEOUT_US us, one copy / launch / copy back per batch
@@ -31,7 +32,9 @@
 # queue), CPU_WORKERS (cpu.workers, 1), SOCKPERF (path; else PATH, else build-debs/*.deb),
 # SERVERS (of "caracal host_centric cpu"; default: every one built), SNIC (the snic_server
 # binary; another build's, to compare two versions of the server in one session), LOADGEN_ARGS
-# (more caracal_loadgen options for every point, e.g. --busy-poll).
+# (more caracal_loadgen options for every point, e.g. --busy-poll), ENGINE_THREADS (snic_server's
+# engine_threads; unset: the key is left out and the server's default applies, so that a server
+# older than the key can run).
 # With the defaults a full run takes about 7 minutes.
 set -uo pipefail
 
@@ -57,6 +60,7 @@ BATCH=${BATCH:-64}
 BATCH_TIMEOUT_US=${BATCH_TIMEOUT_US:-20}
 AGENT_QUEUES=${AGENT_QUEUES:-8}
 LOADGEN_ARGS=${LOADGEN_ARGS:-}
+ENGINE_THREADS=${ENGINE_THREADS:-}
 MAX_MESSAGE=16384
 if [ "$CPU_ONLY" -eq 1 ]; then
   CARACAL_ACCEL=${CARACAL_ACCEL:-cpu}
@@ -164,6 +168,7 @@ start_server() {
     caracal)
       cat >"$log-server.yaml" <<YAML
 io_threads: $THREADS
+$([ -n "$ENGINE_THREADS" ] && echo "engine_threads: $ENGINE_THREADS")
 log_level: warn
 control: { listen: 127.0.0.1:0, secret: $SECRET, agent_timeout_ms: 5000 }
 metrics: { listen: 127.0.0.1:0 }
@@ -326,7 +331,7 @@ done
   echo "  \"hostname\": \"$(hostname)\","
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

@@ -8,6 +8,7 @@
 
 #include "caracal/control/protocol.hpp"
 #include "caracal/mqueue/layout.hpp"
+#include "caracal/server/reply.hpp"
 
 namespace caracal::server {
 namespace {
@@ -259,11 +260,13 @@ FramingConfig parse_framing(const Field& f, uint32_t max_message_bytes) {
 }
 
 ServerConfig parse_server_config(const Field& root) {
-  root.allow_only(
-      {"io_threads", "log_level", "control", "metrics", "services", "destinations", "dpdk"});
+  root.allow_only({"io_threads", "engine_threads", "log_level", "control", "metrics", "services",
+                   "destinations", "dpdk"});
   ServerConfig c;
   if (auto v = root.optional("io_threads"))
     c.io_threads = static_cast<uint32_t>(v->as_uint(1, 256));
+  if (auto v = root.optional("engine_threads"))
+    c.engine_threads = static_cast<uint32_t>(v->as_uint(1, kMaxEngineThreads));
   if (auto v = root.optional("log_level")) {
     c.log_level = v->as_string();
     static const std::set<std::string> levels{"trace", "debug", "info", "warn", "error", "off"};

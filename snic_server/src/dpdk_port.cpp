@@ -145,11 +145,12 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
                                           "Frames the DPDK port sent, by queue", labels);
   }
 
-  // Engine thread: hands the reply to this worker's lcore. The slot's MAC and listener are
-  // read before the slot is released (after that, this lcore may give the slot to another
-  // request). They were written by this lcore before the request was dispatched; the inbox
+  // Engine threads (pending_m_ orders them): hands the reply to this worker's lcore. The slot's MAC
+  // and listener are read before the slot is released (after that, this lcore may give the slot to
+  // another request). They were written by this lcore before the request was dispatched; the inbox
   // mutex between dispatch and the engine orders that write before this read.
-  void deliver(uint64_t token, const udp::endpoint& peer, Reply reply) override {
+  void deliver(uint32_t /*thread*/, uint64_t token, const udp::endpoint& peer,
+               Reply reply) override {
     const SlotPeer sp = slot_peer_[split_token(token).slot];
     state_->replies.release(token);
     outstanding_.fetch_sub(1, std::memory_order_relaxed);

@@ -135,12 +135,89 @@ std::string AgentRegion::label() const {
          (service_ != nullptr ? service_->name() : std::string("?"));
 }
 
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// EngineThread: one engine thread, the regions (or parts of regions) it serves, and its sleep.
+
+class EngineThread {
+ public:
+  struct Command {
+    enum class Kind { kAttach, kDetach, kFail } kind;
+    std::shared_ptr<AgentRegion> region;
+    std::vector<uint32_t> queues;  // kAttach: the queues of the region this thread serves
+    std::chrono::milliseconds drain{0};
+    std::function<void()> done;
+    std::string reason;
+  };
+
+  EngineThread(Engine& engine, uint32_t index) : engine_(engine), index_(index) {}
+  ~EngineThread() { stop(); }
+  EngineThread(const EngineThread&) = delete;
+  EngineThread& operator=(const EngineThread&) = delete;
+
+  void start();
+  void request_stop();  // stop() in two halves, so that every thread winds down at once
+  void join();
+  void stop() {
+    request_stop();
+    join();
+  }
+
+  // Any thread.
+  void post(Command c);
+  void note_dispatched() {
+    in_flight_.fetch_add(1, std::memory_order_relaxed);
+    notify();
+  }
+  void notify();
+  int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
+  uint32_t index() const { return index_; }
+
+  // Routes one answer (a reply, or a failure) to its client; counts it on `service`. The sink
+  // may hold it until flush_replies(). This thread only.
+  void answer(Service* service, uint64_t token, Reply reply, Clock::time_point submitted);
+
+ private:
+  struct Attached {
+    std::shared_ptr<AgentRegion> region;
+    std::vector<uint32_t> queues;  // the region's queues this thread serves
+    bool draining = false;
+    Clock::time_point drain_deadline;
+    std::function<void()> done;
+  };
+
+  void run();
+  bool apply_commands();
+  void fail_region(Attached& a, const std::string& reason);
+  void flush_replies();
+  void idle(uint32_t idle_rounds);
+  void notify_always();
+
+  Engine& engine_;
+  const uint32_t index_;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  std::mutex commands_m_;
+  std::vector<Command> commands_;
+  std::vector<Attached> regions_;                     // this thread only
+  std::vector<std::shared_ptr<ReplySink>> to_flush_;  // this thread only
+  // Dekker-style handshake between notify() and the sleeping thread: the submitter bumps
+  // `submitted_` after queuing and then reads `sleeping_`; the thread sets `sleeping_` and
+  // then reads `submitted_`. Both sides use seq_cst so at least one of them sees the other.
+  std::atomic<uint64_t> submitted_{0};
+  std::atomic<bool> sleeping_{false};
+  uint64_t round_seen_ = 0;  // submitted_ at the start of the current round
+  std::mutex sleep_m_;
+  std::condition_variable sleep_cv_;
+  // Requests dispatched to this thread's queues and not yet answered or failed.
+  std::atomic<int64_t> in_flight_{0};
+};
+
 // ---------------------------------------------------------------------------------------------
 // TransportBinding: the data path of one region over transport T.
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 template <mqueue::Transport T>
 class TransportBinding final : public RegionBinding {
@@ -151,20 +228,23 @@ class TransportBinding final : public RegionBinding {
       : memory_(std::move(memory)),
         transport_(std::move(transport)),
         region_(std::move(region)),
-        backlog_(mqueue::queue_count(region_.header())) {}
+        backlog_(mqueue::queue_count(region_.header())),
+        in_flight_(mqueue::queue_count(region_.header())) {}
 
   const mqueue::RegionHeader& header() const override { return region_.header(); }
 
-  bool serve(Engine& engine, AgentRegion& r, std::string& fault) override {
+  bool shareable() const override { return kLocal; }
+
+  bool serve(EngineThread& engine, AgentRegion& r, std::span<const uint32_t> queues,
+             std::string& fault) override {
     bool busy = false;
     const mqueue::RegionHeader& h = region_.header();
-    const uint32_t queues = mqueue::queue_count(h);
     if (Status s = transport_->progress(); !s.ok()) {
       fault = "transport: " + s.message();
       return true;
     }
     // Inboxes to RX rings, as far as credits go; one tail publication per ring per round.
-    for (uint32_t q = 0; q < queues; ++q) {
+    for (const uint32_t q : queues) {
       QueueInbox& inbox = r.inbox(q);
       std::deque<Message>& backlog = backlog_[q];
       {
@@ -185,7 +265,7 @@ class TransportBinding final : public RegionBinding {
           std::memcpy(dst, m.bytes.data(), m.bytes.size());
         }
         rx.commit(static_cast<uint32_t>(m.bytes.size()), m.token, m.flags);
-        if (server_queue) in_flight_.emplace(m.token, m.submitted);
+        if (server_queue) in_flight_[q].emplace(m.token, m.submitted);
         {
           prof::Scope t(prof::kRequestFree);
           backlog.pop_front();
@@ -200,17 +280,23 @@ class TransportBinding final : public RegionBinding {
       }
       inbox.ring_slots_in_use.store(rx.outstanding_slots(), std::memory_order_relaxed);
     }
-    // TX rings: one read of every tail, then the entries each one uncovered.
+    // TX rings. Local: a load of each of this thread's tails. Remote: one read of every tail
+    // (the region is served by one thread).
     std::optional<prof::Scope> tx_fetch(std::in_place, prof::kTxFetch);
-    if (should_fetch_tx_tails()) region_.fetch_tx_tails();
-    if (Status s = transport_->progress(); !s.ok()) {
-      fault = "transport: " + s.message();
-      return true;
+    if constexpr (kLocal) {
+      for (const uint32_t q : queues)
+        region_.observe_tx_tail(q);
+    } else {
+      if (should_fetch_tx_tails()) region_.fetch_tx_tails();
+      if (Status s = transport_->progress(); !s.ok()) {
+        fault = "transport: " + s.message();
+        return true;
+      }
+      if (!region_.deliver_tx_tails()) return busy;
     }
-    if (!region_.deliver_tx_tails()) return busy;
     tx_fetch.reset();
     bool delivered_any = false;
-    for (uint32_t q = 0; q < queues; ++q) {
+    for (const uint32_t q : queues) {
       auto& tx = region_.tx(q);
       const bool server_queue = q < h.server_queue_count;
       mqueue::Entry e;
@@ -246,48 +332,55 @@ class TransportBinding final : public RegionBinding {
     return busy;
   }
 
-  void take_in_flight(std::vector<std::pair<uint64_t, Clock::time_point>>& out) override {
-    for (auto& [token, t] : in_flight_)
-      out.emplace_back(token, t);
-    in_flight_.clear();
-    for (uint32_t q = 0; q < region_.header().server_queue_count; ++q) {
+  void take_in_flight(std::span<const uint32_t> queues,
+                      std::vector<std::pair<uint64_t, Clock::time_point>>& out) override {
+    for (const uint32_t q : queues) {
+      if (q >= region_.header().server_queue_count) continue;
+      for (auto& [token, t] : in_flight_[q])
+        out.emplace_back(token, t);
+      in_flight_[q].clear();
       for (Message& m : backlog_[q])
         out.emplace_back(m.token, m.submitted);
       backlog_[q].clear();
     }
   }
 
-  size_t in_flight() const override {
-    size_t n = in_flight_.size();
-    for (uint32_t q = 0; q < region_.header().server_queue_count; ++q)
-      n += backlog_[q].size();
+  size_t in_flight(std::span<const uint32_t> queues) const override {
+    size_t n = 0;
+    for (const uint32_t q : queues) {
+      if (q < region_.header().server_queue_count) n += in_flight_[q].size() + backlog_[q].size();
+    }
     return n;
   }
 
   void request_stop() override { region_.request_stop(); }
 
  private:
-  // A remote transport pays a READ per TX-tail fetch: fetch every round while requests are
-  // outstanding, back off while none are (see bind_rdma_region). A local one fetches always.
-  static constexpr bool kAdaptiveTxPolling = !std::is_same_v<T, mqueue::ShmTransport>;
+  // A local transport (shm) reads a tail with a load: several engine threads may share the
+  // region, each serving its own queues, and every round reads the tails of its queues. A
+  // remote one (rdma) pays a READ per fetch of every tail: fetch every round while requests are
+  // outstanding, back off while none are (see bind_rdma_region).
+  static constexpr bool kLocal = std::is_same_v<T, mqueue::ShmTransport>;
+
+  // Remote only (the region is served by one thread).
+  bool any_in_flight() const {
+    return std::any_of(in_flight_.begin(), in_flight_.end(),
+                       [](const auto& m) { return !m.empty(); });
+  }
 
   bool should_fetch_tx_tails() {
-    if constexpr (!kAdaptiveTxPolling) {
+    if (any_in_flight()) {
+      idle_fetch_gap_ = std::chrono::microseconds{0};
       return true;
-    } else {
-      if (!in_flight_.empty()) {
-        idle_fetch_gap_ = std::chrono::microseconds{0};
-        return true;
-      }
-      return Clock::now() >= next_idle_fetch_;
     }
+    return Clock::now() >= next_idle_fetch_;
   }
 
   // After a fetch was delivered: anything found keeps polling busy; an empty fetch with
   // nothing outstanding doubles the gap to the next one, up to kRdmaIdleFetchMax.
   void note_tx_fetch(bool found) {
-    if constexpr (kAdaptiveTxPolling) {
-      if (found || !in_flight_.empty()) {
+    if constexpr (!kLocal) {
+      if (found || any_in_flight()) {
         idle_fetch_gap_ = std::chrono::microseconds{0};
       } else {
         idle_fetch_gap_ = std::clamp(idle_fetch_gap_ * 2, kRdmaIdleFetchMin, kRdmaIdleFetchMax);
@@ -298,16 +391,17 @@ class TransportBinding final : public RegionBinding {
     }
   }
 
-  void reply(Engine& engine, AgentRegion& r, uint32_t q, const mqueue::Entry& e) {
-    const auto it = in_flight_.find(e.token);
-    if (it == in_flight_.end()) {
-      // Not a token this region was given (or one already answered): a handler bug. It cannot
-      // be routed safely, so it is dropped.
+  void reply(EngineThread& engine, AgentRegion& r, uint32_t q, const mqueue::Entry& e) {
+    auto& flights = in_flight_[q];
+    const auto it = flights.find(e.token);
+    if (it == flights.end()) {
+      // Not a token this queue was given (or one already answered): a handler bug, such as an
+      // answer on another queue's TX ring. It cannot be routed safely, so it is dropped.
       if (r.service() != nullptr) r.service()->count_drop(DropReason::kUnknownToken);
       return;
     }
     const Clock::time_point submitted = it->second;
-    in_flight_.erase(it);
+    flights.erase(it);
     r.inbox(q).outstanding.fetch_sub(1, std::memory_order_relaxed);
     Reply rep;
     if ((e.flags & mqueue::kSlotNoReply) != 0) {
@@ -339,9 +433,10 @@ class TransportBinding final : public RegionBinding {
   std::shared_ptr<void> memory_;  // declared first: destroyed after the transport using it
   std::unique_ptr<T> transport_;
   mqueue::RemoteRegion<T> region_;
+  // Per queue, each used by the thread that serves the queue only.
   std::vector<std::deque<Message>> backlog_;
-  std::unordered_map<uint64_t, Clock::time_point> in_flight_;
-  std::chrono::microseconds idle_fetch_gap_{0};  // adaptive TX polling only
+  std::vector<std::unordered_map<uint64_t, Clock::time_point>> in_flight_;  // server queues
+  std::chrono::microseconds idle_fetch_gap_{0};  // remote TX polling only
   Clock::time_point next_idle_fetch_{};
 };
 
@@ -394,63 +489,145 @@ Result<std::unique_ptr<RegionBinding>> bind_rdma_region(const RdmaRegionTarget& 
 // ---------------------------------------------------------------------------------------------
 // Engine
 
-Engine::Engine(ReplyTable& replies, EngineOptions options) : replies_(replies), options_(options) {}
+Engine::Engine(ReplyTable& replies, EngineOptions options) : replies_(replies), options_(options) {
+  options_.threads = std::clamp<uint32_t>(options_.threads, 1, kMaxEngineThreads);
+  for (uint32_t i = 0; i < options_.threads; ++i)
+    threads_.push_back(std::make_unique<EngineThread>(*this, i));
+}
 
 Engine::~Engine() {
   stop();
 }
 
 void Engine::start() {
+  for (auto& t : threads_)
+    t->start();
+}
+
+void Engine::stop() {
+  for (auto& t : threads_)
+    t->request_stop();
+  for (auto& t : threads_)
+    t->join();
+}
+
+uint32_t Engine::thread_of(const AgentRegion& region, uint32_t queue) const {
+  const auto n = static_cast<uint32_t>(threads_.size());
+  if (n == 1 || queue >= region.server_queues() || !region.binding().shareable()) return 0;
+  return queue % n;
+}
+
+std::vector<std::vector<uint32_t>> Engine::deal(const AgentRegion& region) const {
+  std::vector<std::vector<uint32_t>> parts(threads_.size());
+  const uint32_t queues = region.server_queues() + region.client_queues();
+  for (uint32_t q = 0; q < queues; ++q)
+    parts[thread_of(region, q)].push_back(q);
+  return parts;
+}
+
+void Engine::attach(std::shared_ptr<AgentRegion> region) {
+  std::vector<std::vector<uint32_t>> parts = deal(*region);
+  for (size_t i = 0; i < threads_.size(); ++i) {
+    if (parts[i].empty()) continue;
+    threads_[i]->post(EngineThread::Command{
+        EngineThread::Command::Kind::kAttach, region, std::move(parts[i]), {}, {}, {}});
+  }
+}
+
+void Engine::detach(std::shared_ptr<AgentRegion> region, std::chrono::milliseconds drain,
+                    std::function<void()> done) {
+  const std::vector<std::vector<uint32_t>> parts = deal(*region);
+  const auto holders = static_cast<uint32_t>(
+      std::count_if(parts.begin(), parts.end(), [](const auto& p) { return !p.empty(); }));
+  if (holders == 0) {
+    if (done) done();
+    return;
+  }
+  // Every thread that serves part of the region drains its part; the last one to finish calls
+  // `done`. acq_rel: that thread's call comes after every other thread's part was failed.
+  auto remaining = std::make_shared<std::atomic<uint32_t>>(holders);
+  auto shared_done = std::make_shared<std::function<void()>>(std::move(done));
+  for (size_t i = 0; i < threads_.size(); ++i) {
+    if (parts[i].empty()) continue;
+    threads_[i]->post(EngineThread::Command{
+        EngineThread::Command::Kind::kDetach,
+        region,
+        {},
+        drain,
+        [remaining, shared_done] {
+          if (remaining->fetch_sub(1, std::memory_order_acq_rel) == 1 && *shared_done) {
+            (*shared_done)();
+          }
+        },
+        {}});
+  }
+}
+
+void Engine::fail(std::shared_ptr<AgentRegion> region, std::string reason) {
+  fail_elsewhere(region, reason, kMaxEngineThreads);
+}
+
+void Engine::fail_elsewhere(const std::shared_ptr<AgentRegion>& region, const std::string& reason,
+                            uint32_t except) {
+  const std::vector<std::vector<uint32_t>> parts = deal(*region);
+  for (uint32_t i = 0; i < threads_.size(); ++i) {
+    if (parts[i].empty() || i == except) continue;
+    threads_[i]->post(
+        EngineThread::Command{EngineThread::Command::Kind::kFail, region, {}, {}, {}, reason});
+  }
+}
+
+void Engine::note_dispatched(const AgentRegion& region, uint32_t queue) {
+  threads_[thread_of(region, queue)]->note_dispatched();
+}
+
+void Engine::notify() {
+  threads_[0]->notify();
+}
+
+int64_t Engine::in_flight() const {
+  int64_t n = 0;
+  for (const auto& t : threads_)
+    n += t->in_flight();
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// EngineThread
+
+void EngineThread::start() {
   if (thread_.joinable()) return;
   stopping_.store(false);
   thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "caracal-engine");
+    // Thread 0 keeps the name it had before there were several; names stay within 15 bytes.
+    const std::string name =
+        index_ == 0 ? std::string("caracal-engine") : "caracal-engine" + std::to_string(index_);
+    pthread_setname_np(pthread_self(), name.c_str());
     prof::thread_begin();
     run();
     prof::thread_end();
   });
 }
 
-void Engine::stop() {
+void EngineThread::request_stop() {
   if (!thread_.joinable()) return;
   stopping_.store(true);
   notify_always();
-  thread_.join();
 }
 
-void Engine::attach(std::shared_ptr<AgentRegion> region) {
+void EngineThread::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineThread::post(Command c) {
   {
     std::lock_guard lock(commands_m_);
-    commands_.push_back(Command{Command::Kind::kAttach, std::move(region), {}, {}, {}});
+    commands_.push_back(std::move(c));
   }
   notify_always();
 }
 
-void Engine::detach(std::shared_ptr<AgentRegion> region, std::chrono::milliseconds drain,
-                    std::function<void()> done) {
-  {
-    std::lock_guard lock(commands_m_);
-    commands_.push_back(
-        Command{Command::Kind::kDetach, std::move(region), drain, std::move(done), {}});
-  }
-  notify_always();
-}
-
-void Engine::fail(std::shared_ptr<AgentRegion> region, std::string reason) {
-  {
-    std::lock_guard lock(commands_m_);
-    commands_.push_back(
-        Command{Command::Kind::kFail, std::move(region), {}, {}, std::move(reason)});
-  }
-  notify_always();
-}
-
-void Engine::note_dispatched() {
-  in_flight_.fetch_add(1, std::memory_order_relaxed);
-  notify();
-}
-
-void Engine::notify() {
+void EngineThread::notify() {
   // Pairs with idle(): see the comment on submitted_/sleeping_.
   submitted_.fetch_add(1, std::memory_order_seq_cst);
   if (sleeping_.load(std::memory_order_seq_cst)) {
@@ -459,42 +636,43 @@ void Engine::notify() {
   }
 }
 
-void Engine::notify_always() {
+void EngineThread::notify_always() {
   submitted_.fetch_add(1, std::memory_order_seq_cst);
   std::lock_guard lock(sleep_m_);
   sleep_cv_.notify_one();
 }
 
-void Engine::answer(Service* service, uint64_t token, Reply reply, Clock::time_point submitted) {
+void EngineThread::answer(Service* service, uint64_t token, Reply reply,
+                          Clock::time_point submitted) {
   std::optional<prof::Scope> stage(std::in_place, prof::kAnswerOther);
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (service != nullptr) service->count_answer(reply, Clock::now() - submitted);
   stage.emplace(prof::kRoute);
-  std::optional<ReplyTable::Route> route = replies_.route(token);
+  std::optional<ReplyTable::Route> route = engine_.replies_.route(token);
   stage.emplace(prof::kDeliver);
   if (!route) {
     // The connection closed (or the UDP request was already failed): nobody to answer.
     if (service != nullptr) service->count_drop(DropReason::kConnectionClosed);
     return;
   }
-  route->sink->deliver(token, route->peer, std::move(reply));
-  if (!route->sink->awaiting_end_burst) {
-    route->sink->awaiting_end_burst = true;
+  route->sink->deliver(index_, token, route->peer, std::move(reply));
+  if (!route->sink->awaiting_end_burst[index_]) {
+    route->sink->awaiting_end_burst[index_] = true;
     to_flush_.push_back(std::move(route->sink));
   }
 }
 
-void Engine::flush_replies() {
+void EngineThread::flush_replies() {
   if (to_flush_.empty()) return;
   prof::Scope t(prof::kFlush);
   for (const std::shared_ptr<ReplySink>& sink : to_flush_) {
-    sink->awaiting_end_burst = false;
-    sink->end_burst();
+    sink->awaiting_end_burst[index_] = false;
+    sink->end_burst(index_);
   }
   to_flush_.clear();
 }
 
-bool Engine::apply_commands() {
+bool EngineThread::apply_commands() {
   std::vector<Command> commands;
   {
     std::lock_guard lock(commands_m_);
@@ -506,14 +684,17 @@ bool Engine::apply_commands() {
                            [&](const Attached& a) { return a.region == c.region; });
     switch (c.kind) {
       case Command::Kind::kAttach:
-        if (it == regions_.end()) regions_.push_back(Attached{std::move(c.region), false, {}, {}});
+        if (it == regions_.end()) {
+          regions_.push_back(Attached{std::move(c.region), std::move(c.queues), false, {}, {}});
+        }
         break;
       case Command::Kind::kDetach:
         if (it == regions_.end()) {
           if (c.done) c.done();
           break;
         }
-        for (uint32_t q = 0; q < it->region->server_queues(); ++q) {
+        for (const uint32_t q : it->queues) {
+          if (q >= it->region->server_queues()) continue;
           // Requests still waiting in the inbox were never written: fail them now (the
           // dispatcher no longer picks this region, so nothing new arrives).
           for (Message& m : it->region->inbox(q).close()) {
@@ -537,17 +718,17 @@ bool Engine::apply_commands() {
   return true;
 }
 
-void Engine::fail_region(Attached& a, const std::string& reason) {
+void EngineThread::fail_region(Attached& a, const std::string& reason) {
   AgentRegion& r = *a.region;
   std::vector<std::pair<uint64_t, Clock::time_point>> lost;
-  for (uint32_t q = 0; q < r.server_queues() + r.client_queues(); ++q) {
+  for (const uint32_t q : a.queues) {
     for (Message& m : r.inbox(q).close()) {
       if (q < r.server_queues()) lost.emplace_back(m.token, m.submitted);
     }
   }
-  r.binding().take_in_flight(lost);
-  for (uint32_t q = 0; q < r.server_queues(); ++q) {
-    r.inbox(q).outstanding.store(0, std::memory_order_relaxed);
+  r.binding().take_in_flight(a.queues, lost);
+  for (const uint32_t q : a.queues) {
+    if (q < r.server_queues()) r.inbox(q).outstanding.store(0, std::memory_order_relaxed);
   }
   if (!lost.empty()) {
     spdlog::warn("{}: {} request(s) in flight failed: {}", r.label(), lost.size(), reason);
@@ -561,7 +742,7 @@ void Engine::fail_region(Attached& a, const std::string& reason) {
   }
 }
 
-void Engine::run() {
+void EngineThread::run() {
   uint32_t idle_rounds = 0;
   for (;;) {
     prof::Scope round(prof::kRound);
@@ -574,7 +755,7 @@ void Engine::run() {
       std::string fault;
       {
         prof::Scope t(prof::kServe);
-        busy |= a.region->binding().serve(*this, *a.region, fault);
+        busy |= a.region->binding().serve(*this, *a.region, a.queues, fault);
       }
       flush_replies();  // this region's replies go out before the next region is polled
       if (!fault.empty()) {
@@ -584,11 +765,13 @@ void Engine::run() {
         std::shared_ptr<AgentRegion> dropped = std::move(a.region);
         regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
         flush_replies();
+        // The threads that serve the region's other queues drop it as well.
+        engine_.fail_elsewhere(dropped, "agent fault: " + fault, index_);
         dropped->notify_fault(fault);
         continue;
       }
       if (a.draining &&
-          (a.region->binding().in_flight() == 0 || Clock::now() >= a.drain_deadline)) {
+          (a.region->binding().in_flight(a.queues) == 0 || Clock::now() >= a.drain_deadline)) {
         fail_region(a, "agent detached");
         flush_replies();
         regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
@@ -609,16 +792,17 @@ void Engine::run() {
   regions_.clear();
 }
 
-void Engine::idle(uint32_t idle_rounds) {
-  if (idle_rounds < options_.spin_rounds) return;
+void EngineThread::idle(uint32_t idle_rounds) {
+  const EngineOptions& o = engine_.options_;
+  if (idle_rounds < o.spin_rounds) return;
   const bool waiting_for_replies = in_flight_.load(std::memory_order_relaxed) > 0;
   if (waiting_for_replies) {
     // Replies can arrive at any moment and nothing will wake us for them: poll, but give the
     // core away in between (the agent's pollers may share it).
-    if (idle_rounds < options_.spin_rounds * 2) {
+    if (idle_rounds < o.spin_rounds * 2) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(options_.max_poll_sleep);
+      std::this_thread::sleep_for(o.max_poll_sleep);
     }
     return;
   }

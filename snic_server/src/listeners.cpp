@@ -117,18 +117,21 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     asio::post(socket_.get_executor(), [self = shared_from_this()] { self->begin(); });
   }
 
-  // Engine thread (see ReplySink): a burst's replies reach the strand in one post.
-  void deliver(uint64_t token, const udp::endpoint&, Reply reply) override {
-    outgoing_.emplace_back(token, std::move(reply));
+  // Engine threads (see ReplySink): a burst's replies reach the strand in one post. Replies of
+  // one connection may come from several engine threads, in any order: on_reply() puts them
+  // back in request order by their sequence numbers.
+  void deliver(uint32_t thread, uint64_t token, const udp::endpoint&, Reply reply) override {
+    outgoing_[thread].emplace_back(token, std::move(reply));
   }
-  void end_burst() override {
-    if (outgoing_.empty()) return;
+  void end_burst(uint32_t thread) override {
+    auto& outgoing = outgoing_[thread];
+    if (outgoing.empty()) return;
     asio::post(socket_.get_executor(),
-               [self = shared_from_this(), batch = std::move(outgoing_)]() mutable {
+               [self = shared_from_this(), batch = std::move(outgoing)]() mutable {
                  for (auto& [token, reply] : batch)
                    self->on_reply(token, std::move(reply));
                });
-    outgoing_.clear();  // moved-from: make it empty and usable again
+    outgoing.clear();  // moved-from: make it empty and usable again
   }
 
   // Server shutdown: stop reading; close once the replies in flight are written.
@@ -399,8 +402,9 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   std::shared_ptr<TcpShared> shared_;
   tcp::socket socket_;
   uint64_t id_;
-  // Replies delivered by the engine and not yet flushed to the strand: engine thread only.
-  std::vector<std::pair<uint64_t, Reply>> outgoing_;
+  // Replies delivered by the engine and not yet flushed to the strand, per engine thread:
+  // element i is used by engine thread i only.
+  std::array<std::vector<std::pair<uint64_t, Reply>>, kMaxEngineThreads> outgoing_;
   std::string peer_;
   std::optional<uint64_t> token_base_;
   bool counted_ = false;
@@ -548,11 +552,11 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     }
   }
 
-  // Engine thread (see ReplySink). A datagram needs no ordering with anything else on the
+  // Engine threads (see ReplySink). A datagram needs no ordering with anything else on the
   // socket, so replies go out from the engine thread itself, a burst per sendmmsg() through the
   // socket's reply descriptor (see Socket): handing each to the I/O thread would cost a wake-up
   // of that thread, and one system call per reply the engine's time.
-  void deliver(uint64_t token, const udp::endpoint& peer, Reply reply) override {
+  void deliver(uint32_t thread, uint64_t token, const udp::endpoint& peer, Reply reply) override {
     replies_.release(token);
     // A counter only: nothing is published through it.
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
@@ -562,12 +566,12 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
       case Reply::Kind::kNoReply:
         return;
       case Reply::Kind::kData:
-        s.outgoing.push_back(Datagram{peer, std::move(reply.bytes)});
+        s.outgoing[thread].push_back(Datagram{peer, std::move(reply.bytes)});
         break;
       case Reply::Kind::kError:
         if (!config_.error_reply) stats_.drop(DropReason::kRequestFailed);
         if (auto text = format_error_reply(config_, reply.bytes)) {
-          s.outgoing.push_back(Datagram{peer, std::move(*text)});
+          s.outgoing[thread].push_back(Datagram{peer, std::move(*text)});
         }
         break;
     }
@@ -578,19 +582,21 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   // load the sends go to the I/O threads, one post per socket and burst: a send costs the sender
   // the network stack's work for the datagram (on loopback likely the receiver's as well), and the
   // engine, which serves every socket, would otherwise be the serial stage.
-  void end_burst() override {
+  void end_burst(uint32_t thread) override {
     const bool hand_off = outstanding_.load(std::memory_order_relaxed) >= kHandOffOutstanding;
     for (auto& s : sockets_) {
-      if (s->outgoing.empty()) continue;
+      std::vector<Datagram>& outgoing = s->outgoing[thread];
+      if (outgoing.empty()) continue;
       if (!hand_off) {
-        send_outgoing(*s, s->outgoing);
-        s->outgoing.clear();
+        send_outgoing(*s, outgoing);
+        outgoing.clear();
         continue;
       }
       asio::post(s->socket.get_executor(),
-                 [self = shared_from_this(), s = s.get(),
-                  burst = std::move(s->outgoing)]() mutable { self->send_outgoing(*s, burst); });
-      s->outgoing = {};
+                 [self = shared_from_this(), s = s.get(), burst = std::move(outgoing)]() mutable {
+                   self->send_outgoing(*s, burst);
+                 });
+      outgoing = {};
     }
   }
 
@@ -632,7 +638,8 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
     // on an open descriptor. Being a duplicate, it stays valid until this object is destroyed,
     // even once `socket` is closed, so a reply racing with close() still has a socket.
     int reply_fd = -1;
-    std::vector<Datagram> outgoing;  // replies not yet flushed: engine thread only
+    // Replies not yet flushed, per engine thread: element i is used by engine thread i only.
+    std::array<std::vector<Datagram>, kMaxEngineThreads> outgoing;
     // Receive state, used by the socket's strand only: kReceiveBatch buffers of `stride` bytes,
     // their senders, and the recvmmsg() vectors that point at them.
     size_t stride;

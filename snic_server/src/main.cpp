@@ -81,8 +81,10 @@ int main(int argc, char** argv) {
     server.stop();
     return 1;
   }
-  spdlog::info("snic_server {} serving {} service(s); SIGINT or SIGTERM stops it", CARACAL_VERSION,
-               config.services.size());
+  spdlog::info(
+      "snic_server {} serving {} service(s) with {} I/O and {} engine thread(s); SIGINT or "
+      "SIGTERM stops it",
+      CARACAL_VERSION, config.services.size(), config.io_threads, config.engine_threads);
   signals_io.run();
   spdlog::info("{} received: draining requests in flight",
                received == SIGINT ? "SIGINT" : "SIGTERM");

@@ -11,7 +11,7 @@ Server::Server(ServerConfig config, ServerOptions options)
     : config_(std::move(config)),
       options_(options),
       replies_(options.reply_slots),
-      engine_(replies_),
+      engine_(replies_, EngineOptions{.threads = config_.engine_threads}),
       io_(config_.io_threads) {
   for (const ServiceConfig& s : config_.services) {
     services_.push_back(std::make_unique<Service>(s, engine_, metrics_));

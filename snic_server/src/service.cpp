@@ -94,7 +94,7 @@ DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flo
       continue;
     }
     requests_.inc();
-    engine_.note_dispatched();
+    engine_.note_dispatched(*target.region, target.queue);
     return full ? DispatchStatus::kCongested : DispatchStatus::kQueued;
   }
   return saw_congested ? DispatchStatus::kFull : DispatchStatus::kNoAgent;

@@ -3,7 +3,8 @@
 # rings fill: TCP connections stop reading (counted pauses; the server's backlog stays
 # bounded) and UDP datagrams are dropped and counted; once the agent runs again every TCP
 # reply arrives, correct and in order. Then SIGTERM reaches the server while requests are
-# waiting for the frozen agent: it drains them (every reply arrives) and exits 0.
+# waiting for the frozen agent: it drains them (every reply arrives) and exits 0. The server
+# runs two engine threads, one for each of the agent's queues.
 source "$(dirname "$0")/lib.sh"
 need nc curl
 if [ "$ACCELERATOR" != cpu ]; then
@@ -15,6 +16,7 @@ CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
 
 # A long agent timeout: a frozen agent sends no heartbeats and must not be declared lost here.
 start_server "io_threads: 2
+engine_threads: 2
 control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 100, agent_timeout_ms: 20000 }
 metrics: { listen: 127.0.0.1:0 }
 services:

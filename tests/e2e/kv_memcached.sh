@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The key-lookup example against a real memcached started here: the handler calls memcached
-# through a client queue (the server holds the connection). Hits, misses, bad keys, a value
+# through a client queue (the server holds the connection; two engine threads, so the server
+# queue and the client queue are served by different ones). Hits, misses, bad keys, a value
 # changed behind its back, and memcached going away (error replies, then recovery).
 source "$(dirname "$0")/lib.sh"
 need memcached nc curl
@@ -28,6 +29,7 @@ mc_set greeting "hello from memcached"
 mc_set empty ""
 
 start_server "io_threads: 2
+engine_threads: 2
 control: { listen: 127.0.0.1:0, secret: $SECRET }
 metrics: { listen: 127.0.0.1:0 }
 services:

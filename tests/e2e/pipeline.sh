@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # 500 concurrent TCP connections with pipelined requests of random sizes through snic_server
 # to two echo agents (4 queues, round-robin, so one connection's requests are served by
-# different queues and agents): every reply must be correct and in request order.
+# different queues, agents and engine threads): every reply must be correct and in request order.
 source "$(dirname "$0")/lib.sh"
 need curl
 CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
 
 start_server "io_threads: 2
+engine_threads: 2
 control: { listen: 127.0.0.1:0, secret: $SECRET }
 metrics: { listen: 127.0.0.1:0 }
 services:

@@ -178,6 +178,16 @@ TEST(ServerConfig, RdmaQueuePairRetries) {
   EXPECT_NE(e.find("control.rdma_retry_count"), std::string::npos) << e;
 }
 
+TEST(ServerConfig, EngineThreads) {
+  EXPECT_EQ(parse(kValid).engine_threads, 1u);
+  EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 3\nengine_threads: 4")).engine_threads, 4u);
+  for (const char* bad : {"engine_threads: 0", "engine_threads: 9", "engine_threads: two"}) {
+    const std::string e = error_of(with("io_threads: 3", std::string("io_threads: 3\n") + bad));
+    EXPECT_NE(e.find("test.yaml:2:"), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("engine_threads"), std::string::npos) << bad << ": " << e;
+  }
+}
+
 TEST(ServerConfig, SyntaxErrorCarriesTheParserPosition) {
   const std::string e = error_of(with("  listen: 127.0.0.1:7100", "  listen: [127.0.0.1:7100"));
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;

@@ -8,7 +8,7 @@ namespace caracal::server {
 namespace {
 
 struct Sink : ReplySink {
-  void deliver(uint64_t, const boost::asio::ip::udp::endpoint&, Reply) override {}
+  void deliver(uint32_t, uint64_t, const boost::asio::ip::udp::endpoint&, Reply) override {}
 };
 
 TEST(Token, PartsRoundTripAndWrap) {

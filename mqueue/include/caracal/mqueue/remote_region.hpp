@@ -87,6 +87,13 @@ class RemoteRegion {
     return true;
   }
 
+  // One queue's TX tail, loaded and handed to its consumer at once. Only for a transport
+  // whose loads complete when they return (shm): there a thread serving some of a region's
+  // queues reads just their tails, without the shared ticket of fetch_tx_tails().
+  void observe_tx_tail(uint32_t queue) {
+    tx_[queue].observe_tail(t_->load_index(index_offset(header_, IndexArray::kTxTail, queue)));
+  }
+
   // Asks every poller of the region to return (the agent's runtime watches this word). Returns
   // the publish's ticket.
   uint64_t request_stop() { return t_->publish_index(stop_word_offset(header_), 1); }

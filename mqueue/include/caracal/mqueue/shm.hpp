@@ -4,6 +4,7 @@
 // mapped memory so kernels poll it directly.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -73,13 +74,13 @@ class ShmTransport {
   ShmTransport(std::byte* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
 
   std::byte* staging(uint64_t offset) { return base_ + offset; }
-  uint64_t post_write(uint64_t, uint32_t) { return ++posted_; }
-  uint64_t post_read(uint64_t, uint32_t) { return ++posted_; }
+  uint64_t post_write(uint64_t, uint32_t) { return take_ticket(); }
+  uint64_t post_read(uint64_t, uint32_t) { return take_ticket(); }
   uint64_t publish_index(uint64_t offset, uint32_t value) {
     // Pairs with the accelerator's load_acquire of this index (RingConsumer::refresh_tail for
     // an RX tail, RingProducer::refresh_credits for a TX head).
     store_release(word(offset), value);
-    return ++posted_;
+    return take_ticket();
   }
   uint32_t load_index(uint64_t offset) {
     // Pairs with the accelerator's store_release of this index (RingProducer::publish for a TX
@@ -87,16 +88,21 @@ class ShmTransport {
     return load_acquire(word(offset));
   }
   Status progress() { return Status::ok_status(); }
-  uint64_t completed() const { return posted_; }
+  uint64_t completed() const { return posted_.load(std::memory_order_relaxed); }
   uint64_t region_bytes() const { return bytes_; }
   const char* name() const { return "shm"; }
 
  private:
   uint32_t* word(uint64_t offset) const { return reinterpret_cast<uint32_t*>(base_ + offset); }
+  // Every operation has completed by the time it returns, so a ticket orders nothing: the
+  // counter only keeps completed() >= every ticket handed out. It is atomic because several
+  // engine threads may serve disjoint queues of one region through one transport; relaxed,
+  // because a thread compares only tickets it took itself, which its own later load sees.
+  uint64_t take_ticket() { return posted_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
   std::byte* base_;
   uint64_t bytes_;
-  uint64_t posted_ = 0;
+  std::atomic<uint64_t> posted_{0};
 };
 static_assert(Transport<ShmTransport>);
 

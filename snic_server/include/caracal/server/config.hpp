@@ -2,6 +2,10 @@
 // every setting and reports the first bad one with its file, line and column.
 //
 //   io_threads: 2                  # Asio I/O threads (default: 2)
+//   engine_threads: 1              # mqueue engine threads, 1-8 (default: 1): an shm region's
+//                                  # server queues are dealt among them (queue q to thread
+//                                  # q % engine_threads); rdma regions and client queues stay
+//                                  # on the first. Each thread polls a core while it has work
 //   log_level: info                # trace, debug, info, warn, error
 //   control:                       # where agents register
 //     listen: 127.0.0.1:7100
@@ -130,6 +134,7 @@ struct ControlConfig {
 
 struct ServerConfig {
   uint32_t io_threads = 2;
+  uint32_t engine_threads = 1;
   std::string log_level = "info";
   ControlConfig control;
   std::optional<config::HostPort> metrics_listen;

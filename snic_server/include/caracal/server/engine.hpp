@@ -1,12 +1,18 @@
-// The mqueue manager: one thread that owns every attached region and moves messages between
+// The mqueue manager: engine threads that own the attached regions and move messages between
 // the server's I/O threads and the rings.
 //
-// I/O threads hand requests to a queue's inbox (a short mutex-protected list). The engine
+// I/O threads hand requests to a queue's inbox (a short mutex-protected list). An engine
 // thread drains inboxes into per-queue backlogs, writes as many entries into each RX ring as
-// its credits allow and publishes the tail once per round, then fetches all TX tails of a
-// region with one read and routes each reply by its token (reply.hpp). Client queues run the
-// other way: TX entries go to the queue's destination link, and the destination's replies come
-// back through the queue's inbox into its RX ring.
+// its credits allow and publishes the tail once per round, then reads the TX tails and routes
+// each reply by its token (reply.hpp). Client queues run the other way: TX entries go to the
+// queue's destination link, and the destination's replies come back through the queue's inbox
+// into its RX ring.
+//
+// With several engine threads (EngineOptions::threads), the server queues of a region whose
+// binding allows it (shm) are dealt among them: queue q is served by thread q % threads, and
+// only by it, so every queue still has one producer and one consumer on this side. A region
+// that cannot be shared (rdma: one queue pair, one completion queue) and every client queue are
+// served by thread 0.
 //
 // Backpressure: a queue whose backlog holds a ring's worth of entries is congested; TCP
 // connections stop reading and park on their service until the engine has room again.
@@ -20,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -103,8 +110,9 @@ class AgentRegion {
     return client < links_.size() ? links_[client].get() : nullptr;
   }
   RegionBinding& binding() { return *binding_; }
+  const RegionBinding& binding() const { return *binding_; }
 
-  // Called on the engine thread after the engine dropped the region for a fault (a corrupt
+  // Called on an engine thread after the engine dropped the region for a fault (a corrupt
   // entry, a failed transport), with the fault; not when the control endpoint detaches or
   // fails it. Set before attach.
   void set_on_fault(std::function<void(const std::string&)> f) { on_fault_ = std::move(f); }
@@ -123,11 +131,15 @@ class AgentRegion {
 };
 
 struct EngineOptions {
-  // Rounds without work the engine spins before it starts yielding, then sleeping.
+  // Rounds without work a thread spins before it starts yielding, then sleeping.
   uint32_t spin_rounds = 20000;
   // Longest sleep while replies are outstanding (latency cost of an idle engine).
   std::chrono::microseconds max_poll_sleep{50};
+  // Engine threads, 1 to kMaxEngineThreads (see the top of this file).
+  uint32_t threads = 1;
 };
+
+class EngineThread;  // one engine thread and what it owns (engine.cpp)
 
 class Engine {
  public:
@@ -137,76 +149,43 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   void start();
-  // Fails what is still in flight ("server shutting down") and joins the thread.
+  // Fails what is still in flight ("server shutting down") and joins the threads.
   void stop();
 
   // The engine owns the region from now on (any thread).
   void attach(std::shared_ptr<AgentRegion> region);
   // Closes the region's inboxes; once every request in flight is answered, or after `drain`,
-  // fails what is left with "agent detached" and calls `done` (on the engine thread).
+  // fails what is left with "agent detached" and calls `done` (once, on an engine thread).
   void detach(std::shared_ptr<AgentRegion> region, std::chrono::milliseconds drain,
               std::function<void()> done);
   // The agent is gone: fails everything in flight with `reason` and drops the region.
   void fail(std::shared_ptr<AgentRegion> region, std::string reason);
 
-  // Called after a request was submitted to an inbox: counts it in flight and wakes the
-  // engine if it sleeps.
-  void note_dispatched();
-  // Called after any other submission (a destination's reply): wakes the engine if it sleeps.
+  // Called after a request was submitted to `queue`'s inbox: counts it in flight on the thread
+  // that serves the queue and wakes that thread if it sleeps.
+  void note_dispatched(const AgentRegion& region, uint32_t queue);
+  // Called after a destination's reply was submitted to a client queue's inbox: wakes the
+  // thread that serves client queues (thread 0) if it sleeps.
   void notify();
 
   // Requests dispatched to some region and not yet answered or failed.
-  int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
-
-  // Routes one answer (a reply, or a failure) to its client; counts it on `service`. The sink
-  // may hold it until flush_replies(). Engine thread (and tests).
-  void answer(Service* service, uint64_t token, Reply reply,
-              std::chrono::steady_clock::time_point submitted);
-  // Flushes every sink answer() delivered to since the last call (see ReplySink).
-  void flush_replies();
+  int64_t in_flight() const;
+  uint32_t threads() const { return static_cast<uint32_t>(threads_.size()); }
+  // The thread that serves `queue` of `region` (see the top of this file).
+  uint32_t thread_of(const AgentRegion& region, uint32_t queue) const;
 
  private:
-  friend class RegionBinding;
-  struct Command {
-    enum class Kind { kAttach, kDetach, kFail } kind;
-    std::shared_ptr<AgentRegion> region;
-    std::chrono::milliseconds drain{0};
-    std::function<void()> done;
-    std::string reason;
-  };
-  struct Attached {
-    std::shared_ptr<AgentRegion> region;
-    bool draining = false;
-    std::chrono::steady_clock::time_point drain_deadline;
-    std::function<void()> done;
-  };
-
-  void run();
-  bool apply_commands();
-  void fail_region(Attached& a, const std::string& reason);
-  void idle(uint32_t idle_rounds);
-  void notify_always();
+  friend class EngineThread;
+  // Posts a failure of `region` to every thread that serves part of it but `except`: a thread
+  // that dropped the region for a fault makes the others drop it too.
+  void fail_elsewhere(const std::shared_ptr<AgentRegion>& region, const std::string& reason,
+                      uint32_t except);
+  // Each thread's share of `region`'s queues; empty for a thread that serves none.
+  std::vector<std::vector<uint32_t>> deal(const AgentRegion& region) const;
 
   ReplyTable& replies_;
   EngineOptions options_;
-  std::thread thread_;
-  std::atomic<bool> stopping_{false};
-
-  std::mutex commands_m_;
-  std::vector<Command> commands_;
-  std::vector<Attached> regions_;                     // engine thread only
-  std::vector<std::shared_ptr<ReplySink>> to_flush_;  // engine thread only
-
-  // Dekker-style handshake between notify() and the sleeping engine: the submitter bumps
-  // `submitted_` after queuing and then reads `sleeping_`; the engine sets `sleeping_` and
-  // then reads `submitted_`. Both sides use seq_cst so at least one of them sees the other.
-  std::atomic<uint64_t> submitted_{0};
-  std::atomic<bool> sleeping_{false};
-  uint64_t round_seen_ = 0;  // submitted_ at the start of the engine's current round
-  std::mutex sleep_m_;
-  std::condition_variable sleep_cv_;
-
-  std::atomic<int64_t> in_flight_{0};
+  std::vector<std::unique_ptr<EngineThread>> threads_;
 };
 
 // The transport-specific part of a region (engine thread only after attach).
@@ -214,13 +193,18 @@ class RegionBinding {
  public:
   virtual ~RegionBinding() = default;
   virtual const mqueue::RegionHeader& header() const = 0;
-  // One round: inboxes to RX rings, TX rings to replies and client links. Returns whether it
-  // did anything; a non-empty `fault` means the region is unusable (a corrupt entry).
-  virtual bool serve(Engine& engine, AgentRegion& region, std::string& fault) = 0;
-  // Tokens of requests written or waiting, with their submit times; cleared.
+  // Whether several engine threads may serve disjoint sets of its queues at once.
+  virtual bool shareable() const = 0;
+  // One round over `queues` (of one engine thread): inboxes to RX rings, TX rings to replies
+  // and client links. Returns whether it did anything; a non-empty `fault` means the region is
+  // unusable (a corrupt entry).
+  virtual bool serve(EngineThread& engine, AgentRegion& region, std::span<const uint32_t> queues,
+                     std::string& fault) = 0;
+  // Tokens of requests written or waiting on `queues`, with their submit times; cleared.
   virtual void take_in_flight(
+      std::span<const uint32_t> queues,
       std::vector<std::pair<uint64_t, std::chrono::steady_clock::time_point>>& out) = 0;
-  virtual size_t in_flight() const = 0;
+  virtual size_t in_flight(std::span<const uint32_t> queues) const = 0;
   // Raises the region's stop word (the agent's pollers return).
   virtual void request_stop() = 0;
 };

@@ -9,6 +9,7 @@
 // replies of one TCP connection.
 #pragma once
 
+#include <array>
 #include <boost/asio/ip/udp.hpp>
 #include <cstdint>
 #include <memory>
@@ -54,21 +55,27 @@ struct Reply {
   std::string bytes;  // payload, or the error text
 };
 
-// A TCP connection, or a UDP listener for its requests. deliver() and end_burst() are called from
-// the engine thread only, and must not block.
+// Engine threads a server may run (EngineOptions::threads).
+inline constexpr uint32_t kMaxEngineThreads = 8;
+
+// A TCP connection, or a UDP listener for its requests. deliver() and end_burst() are called
+// from engine threads only, and must not block. `thread` names the engine thread that calls;
+// several may deliver to one sink at once, so whatever a sink holds between deliver() and
+// end_burst() it keeps per engine thread.
 //
-// deliver() may hold the reply: the engine calls end_burst() on every sink it delivered to once
-// it has finished a burst (the replies it read from one region in one round, or the failures of
-// one command), so a sink can hand a whole burst over at once: one sendmmsg() for a UDP socket,
-// one post to a TCP connection's strand, instead of one for every reply.
+// deliver() may hold the reply: an engine thread calls end_burst() on every sink it delivered to
+// once it has finished a burst (the replies it read from one region in one round, or the
+// failures of one command), so a sink can hand a whole burst over at once: one sendmmsg() for a
+// UDP socket, one post to a TCP connection's strand, instead of one for every reply.
 class ReplySink {
  public:
   virtual ~ReplySink() = default;
-  virtual void deliver(uint64_t token, const boost::asio::ip::udp::endpoint& peer, Reply reply) = 0;
-  virtual void end_burst() {}
-
-  // Whether the engine has this sink on its list for end_burst(): engine thread only.
-  bool awaiting_end_burst = false;
+  virtual void deliver(uint32_t thread, uint64_t token, const boost::asio::ip::udp::endpoint& peer,
+                       Reply reply) = 0;
+  virtual void end_burst(uint32_t /*thread*/) {}
+  // Whether engine thread i has this sink on its list for end_burst(): element i is used by
+  // engine thread i only.
+  std::array<bool, kMaxEngineThreads> awaiting_end_burst{};
 };
 
 // The slots. acquire/release/route are thread-safe; each slot has its own lock, so the engine

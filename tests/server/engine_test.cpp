@@ -1,0 +1,208 @@
+// The engine with one and several threads, running, on a real region (named shm, attached
+// through bind_shm_region as the control endpoint does) served by the CPU accelerator: every
+// request dispatched through the service comes back to the sink of its token, from the engine
+// thread that serves its queue; detach and fail reach every thread's part of the region.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "caracal/accel/cpu.hpp"
+#include "caracal/mqueue/region.hpp"
+#include "caracal/mqueue/shm.hpp"
+#include "caracal/server/engine.hpp"
+#include "caracal/server/service.hpp"
+
+namespace caracal::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The reply is the request with "re:" in front.
+struct Prefix {
+  static constexpr accel::Granularity kGranularity = accel::Granularity::kThread;
+  void operator()(const accel::Request& req, accel::Response& resp, accel::Context&) const {
+    std::memcpy(resp.data, "re:", 3);
+    std::memcpy(resp.data + 3, req.data, req.size);
+    resp.size = req.size + 3;
+  }
+};
+
+// Records every answer with the engine thread that delivered it. Engine threads call it at
+// once, so everything is under one lock.
+class RecordingSink final : public ReplySink {
+ public:
+  struct Answer {
+    uint32_t thread;
+    Reply reply;
+  };
+
+  void deliver(uint32_t thread, uint64_t token, const boost::asio::ip::udp::endpoint&,
+               Reply reply) override {
+    std::lock_guard lock(m_);
+    answers_.emplace(token, Answer{thread, std::move(reply)});
+    cv_.notify_all();
+  }
+
+  // Waits up to 10 s for `n` answers; returns what came.
+  std::map<uint64_t, Answer> wait_for(size_t n) {
+    std::unique_lock lock(m_);
+    cv_.wait_for(lock, 10s, [&] { return answers_.size() >= n; });
+    return answers_;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Answer> answers_;
+};
+
+constexpr uint32_t kQueues = 4;
+
+class EngineTest : public ::testing::TestWithParam<uint32_t> {
+ protected:
+  void SetUp() override {
+    mqueue::RegionGeometry g;
+    g.server_queue_count = kQueues;
+    g.slot_bytes = 64;
+    g.ring_capacity = 64;
+    g.max_message_bytes = 256;
+    const mqueue::RegionHeader h = mqueue::compute_layout(g, 7);
+    shm_ = "/caracal-engine-test-" + std::to_string(getpid());
+    Result<mqueue::ShmMapping> m = mqueue::ShmMapping::create_named(shm_, h.region_bytes);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    mapping_ = std::move(m).value();
+    mqueue::initialize_region(mapping_.data(), h);
+    ServiceConfig c;
+    c.name = "svc";
+    c.max_message_bytes = 256;
+    c.dispatch = DispatchPolicy::kFlowAffinity;
+    engine_ = std::make_unique<Engine>(replies_, EngineOptions{.threads = GetParam()});
+    service_ = std::make_unique<Service>(c, *engine_, metrics_);
+    Result<std::unique_ptr<RegionBinding>> b = bind_shm_region(shm_, h.region_bytes);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    region_ = std::make_shared<AgentRegion>("agent", 7, service_.get(), std::move(b).value());
+    ASSERT_TRUE(service_->add(region_).ok());
+    engine_->attach(region_);
+    engine_->start();
+  }
+
+  void TearDown() override {
+    if (accelerator_) accelerator_->stop();
+    if (engine_) engine_->stop();
+  }
+
+  void start_accelerator() {
+    accel::CpuOptions o;
+    o.workers = 2;
+    accelerator_ = std::make_unique<accel::CpuAccelerator<Prefix>>(
+        mqueue::RegionView(mapping_.data()), Prefix{}, o);
+    ASSERT_TRUE(accelerator_->start().ok());
+  }
+
+  // Dispatches `n` requests "r<i>"; returns their tokens in order.
+  std::vector<uint64_t> dispatch(int n) {
+    std::vector<uint64_t> tokens;
+    for (int i = 0; i < n; ++i) {
+      std::optional<uint64_t> t = replies_.acquire(sink_);
+      EXPECT_TRUE(t.has_value());
+      if (!t) break;
+      tokens.push_back(*t);
+      // Flow affinity puts request i on queue i % kQueues; `may_exceed` (as for TCP) keeps a
+      // congested queue from sending it elsewhere.
+      const DispatchStatus s =
+          service_->dispatch(*t, "r" + std::to_string(i), static_cast<uint64_t>(i), true);
+      EXPECT_TRUE(s == DispatchStatus::kQueued || s == DispatchStatus::kCongested)
+          << "request " << i << ": " << static_cast<int>(s);
+    }
+    return tokens;
+  }
+
+  std::string shm_;
+  mqueue::ShmMapping mapping_;
+  ReplyTable replies_{4096};
+  Registry metrics_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Service> service_;
+  std::shared_ptr<AgentRegion> region_;
+  std::shared_ptr<RecordingSink> sink_ = std::make_shared<RecordingSink>();
+  std::unique_ptr<accel::CpuAccelerator<Prefix>> accelerator_;
+};
+
+TEST_P(EngineTest, QueuesAreDealtAmongTheThreads) {
+  EXPECT_EQ(engine_->threads(), GetParam());
+  for (uint32_t q = 0; q < kQueues; ++q) {
+    EXPECT_EQ(engine_->thread_of(*region_, q), q % GetParam()) << "queue " << q;
+  }
+}
+
+TEST_P(EngineTest, EveryRequestIsAnsweredByTheThreadOfItsQueue) {
+  ASSERT_NO_FATAL_FAILURE(start_accelerator());
+  constexpr int kRequests = 3000;
+  const std::vector<uint64_t> tokens = dispatch(kRequests);
+  const auto answers = sink_->wait_for(tokens.size());
+  ASSERT_EQ(answers.size(), tokens.size());
+  std::set<uint32_t> threads;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto it = answers.find(tokens[i]);
+    ASSERT_NE(it, answers.end()) << "request " << i;
+    EXPECT_EQ(it->second.reply.kind, Reply::Kind::kData);
+    EXPECT_EQ(it->second.reply.bytes, "re:r" + std::to_string(i));
+    EXPECT_EQ(it->second.thread, (i % kQueues) % GetParam()) << "request " << i;
+    threads.insert(it->second.thread);
+  }
+  EXPECT_EQ(threads.size(), std::min(GetParam(), kQueues));
+  EXPECT_EQ(engine_->in_flight(), 0);
+}
+
+TEST_P(EngineTest, FailAnswersWhatEveryThreadHeld) {
+  // No accelerator: the requests wait in the rings and the inboxes until the region fails.
+  const std::vector<uint64_t> tokens = dispatch(4 * kQueues);
+  EXPECT_EQ(engine_->in_flight(), static_cast<int64_t>(tokens.size()));
+  service_->remove(region_.get());
+  engine_->fail(region_, "agent lost: test");
+  const auto answers = sink_->wait_for(tokens.size());
+  ASSERT_EQ(answers.size(), tokens.size());
+  for (const auto& [token, a] : answers) {
+    EXPECT_EQ(a.reply.kind, Reply::Kind::kError);
+    EXPECT_EQ(a.reply.bytes, "agent lost: test");
+  }
+  EXPECT_EQ(engine_->in_flight(), 0);
+}
+
+TEST_P(EngineTest, DetachCallsDoneOnceEveryThreadHasDrained) {
+  const std::vector<uint64_t> tokens = dispatch(4 * kQueues);
+  service_->remove(region_.get());
+  std::mutex m;
+  std::condition_variable cv;
+  int done = 0;
+  engine_->detach(region_, 100ms, [&] {
+    std::lock_guard lock(m);
+    ++done;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock lock(m);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return done > 0; }));
+  }
+  // Nothing answered them within the drain: every thread failed its own.
+  const auto answers = sink_->wait_for(tokens.size());
+  ASSERT_EQ(answers.size(), tokens.size());
+  for (const auto& [token, a] : answers)
+    EXPECT_EQ(a.reply.bytes, "agent detached");
+  std::this_thread::sleep_for(50ms);
+  std::lock_guard lock(m);
+  EXPECT_EQ(done, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, EngineTest, ::testing::Values(1u, 2u, 3u),
+                         [](const auto& info) { return std::to_string(info.param); });
+
+}  // namespace
+}  // namespace caracal::server

@@ -34,7 +34,7 @@
 # binary; another build's, to compare two versions of the server in one session), LOADGEN_ARGS
 # (more caracal_loadgen options for every point, e.g. --busy-poll), ENGINE_THREADS (snic_server's
 # engine_threads; unset: the key is left out and the server's default applies, so that a server
-# older than the key can run).
+# older than the key can run), HANDLERS ("echo matvec").
 # With the defaults a full run takes about 7 minutes.
 set -uo pipefail
 
@@ -61,6 +61,7 @@ BATCH_TIMEOUT_US=${BATCH_TIMEOUT_US:-20}
 AGENT_QUEUES=${AGENT_QUEUES:-8}
 LOADGEN_ARGS=${LOADGEN_ARGS:-}
 ENGINE_THREADS=${ENGINE_THREADS:-}
+HANDLERS=${HANDLERS:-"echo matvec"}
 MAX_MESSAGE=16384
 if [ "$CPU_ONLY" -eq 1 ]; then
   CARACAL_ACCEL=${CARACAL_ACCEL:-cpu}
@@ -282,7 +283,7 @@ sockperf_point() {
 }
 
 FAILED=0
-for handler in echo matvec; do
+for handler in $HANDLERS; do
   for server in $SERVERS; do
     log "== $server / $handler"
     if ! start_server "$server" "$handler"; then

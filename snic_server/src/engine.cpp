@@ -158,6 +158,7 @@ class EngineThread {
 
   void start();
   void request_stop();  // stop() in two halves, so that every thread winds down at once
+  // Waits for the thread; from then on a command is settled as it is posted (see settle()).
   void join();
   void stop() {
     request_stop();
@@ -189,6 +190,11 @@ class EngineThread {
 
   void run();
   bool apply_commands();
+  // A command that finds the thread stopped (commands_m_ held): an attached region is failed at
+  // once, a detach is done at once, a failure has nothing left to fail. Nothing is left waiting
+  // in commands_, where a detach's `done` (which may own a control session, and its socket) would
+  // outlive the server's I/O context.
+  void settle(Command& c);
   void fail_region(Attached& a, const std::string& reason);
   void flush_replies();
   void idle(uint32_t idle_rounds);
@@ -200,6 +206,7 @@ class EngineThread {
   std::atomic<bool> stopping_{false};
   std::mutex commands_m_;
   std::vector<Command> commands_;
+  bool exited_ = false;                               // under commands_m_: see join()
   std::vector<Attached> regions_;                     // this thread only
   std::vector<std::shared_ptr<ReplySink>> to_flush_;  // this thread only
   // Dekker-style handshake between notify() and the sleeping thread: the submitter bumps
@@ -597,6 +604,10 @@ int64_t Engine::in_flight() const {
 
 void EngineThread::start() {
   if (thread_.joinable()) return;
+  {
+    std::lock_guard lock(commands_m_);
+    exited_ = false;
+  }
   stopping_.store(false);
   thread_ = std::thread([this] {
     // Thread 0 keeps the name it had before there were several; names stay within 15 bytes.
@@ -617,14 +628,42 @@ void EngineThread::request_stop() {
 
 void EngineThread::join() {
   if (thread_.joinable()) thread_.join();
+  // The thread has failed what it served; nothing runs its commands from now on. The reply
+  // state settle() uses (to_flush_, the sinks' element index_) is this thread's, and with the
+  // thread gone only settle() touches it, always under commands_m_.
+  std::lock_guard lock(commands_m_);
+  exited_ = true;
+  for (Command& c : commands_)
+    settle(c);
+  commands_.clear();
 }
 
 void EngineThread::post(Command c) {
   {
     std::lock_guard lock(commands_m_);
+    if (exited_) {
+      settle(c);
+      return;
+    }
     commands_.push_back(std::move(c));
   }
   notify_always();
+}
+
+void EngineThread::settle(Command& c) {
+  switch (c.kind) {
+    case Command::Kind::kAttach: {
+      Attached a{std::move(c.region), std::move(c.queues), false, {}, {}};
+      fail_region(a, "server shutting down");
+      flush_replies();
+      break;
+    }
+    case Command::Kind::kDetach:
+      if (c.done) c.done();
+      break;
+    case Command::Kind::kFail:
+      break;
+  }
 }
 
 void EngineThread::notify() {

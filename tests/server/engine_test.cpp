@@ -1,12 +1,14 @@
 // The engine with one and several threads, running, on a real region (named shm, attached
 // through bind_shm_region as the control endpoint does) served by the CPU accelerator: every
 // request dispatched through the service comes back to the sink of its token, from the engine
-// thread that serves its queue; detach and fail reach every thread's part of the region.
+// thread that serves its queue; detach and fail reach every thread's part of the region; commands
+// that come after the stop are settled at once.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -68,29 +70,38 @@ constexpr uint32_t kQueues = 4;
 class EngineTest : public ::testing::TestWithParam<uint32_t> {
  protected:
   void SetUp() override {
-    mqueue::RegionGeometry g;
-    g.server_queue_count = kQueues;
-    g.slot_bytes = 64;
-    g.ring_capacity = 64;
-    g.max_message_bytes = 256;
-    const mqueue::RegionHeader h = mqueue::compute_layout(g, 7);
-    shm_ = "/caracal-engine-test-" + std::to_string(getpid());
-    Result<mqueue::ShmMapping> m = mqueue::ShmMapping::create_named(shm_, h.region_bytes);
-    ASSERT_TRUE(m.ok()) << m.status().message();
-    mapping_ = std::move(m).value();
-    mqueue::initialize_region(mapping_.data(), h);
     ServiceConfig c;
     c.name = "svc";
     c.max_message_bytes = 256;
     c.dispatch = DispatchPolicy::kFlowAffinity;
     engine_ = std::make_unique<Engine>(replies_, EngineOptions{.threads = GetParam()});
     service_ = std::make_unique<Service>(c, *engine_, metrics_);
-    Result<std::unique_ptr<RegionBinding>> b = bind_shm_region(shm_, h.region_bytes);
-    ASSERT_TRUE(b.ok()) << b.status().message();
-    region_ = std::make_shared<AgentRegion>("agent", 7, service_.get(), std::move(b).value());
-    ASSERT_TRUE(service_->add(region_).ok());
+    ASSERT_NO_FATAL_FAILURE(region_ = make_region("a"));
     engine_->attach(region_);
     engine_->start();
+  }
+
+  // A region of kQueues server queues in named shm, bound as the control endpoint binds one and
+  // added to the service (not attached).
+  std::shared_ptr<AgentRegion> make_region(const std::string& name) {
+    mqueue::RegionGeometry g;
+    g.server_queue_count = kQueues;
+    g.slot_bytes = 64;
+    g.ring_capacity = 64;
+    g.max_message_bytes = 256;
+    const mqueue::RegionHeader h = mqueue::compute_layout(g, 7);
+    const std::string shm = "/caracal-engine-test-" + std::to_string(getpid()) + "-" + name;
+    Result<mqueue::ShmMapping> m = mqueue::ShmMapping::create_named(shm, h.region_bytes);
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    if (!m.ok()) return nullptr;
+    mappings_.push_back(std::move(m).value());
+    mqueue::initialize_region(mappings_.back().data(), h);
+    Result<std::unique_ptr<RegionBinding>> b = bind_shm_region(shm, h.region_bytes);
+    EXPECT_TRUE(b.ok()) << b.status().message();
+    if (!b.ok()) return nullptr;
+    auto region = std::make_shared<AgentRegion>(name, 7, service_.get(), std::move(b).value());
+    EXPECT_TRUE(service_->add(region).ok());
+    return region;
   }
 
   void TearDown() override {
@@ -102,7 +113,7 @@ class EngineTest : public ::testing::TestWithParam<uint32_t> {
     accel::CpuOptions o;
     o.workers = 2;
     accelerator_ = std::make_unique<accel::CpuAccelerator<Prefix>>(
-        mqueue::RegionView(mapping_.data()), Prefix{}, o);
+        mqueue::RegionView(mappings_.front().data()), Prefix{}, o);
     ASSERT_TRUE(accelerator_->start().ok());
   }
 
@@ -124,8 +135,7 @@ class EngineTest : public ::testing::TestWithParam<uint32_t> {
     return tokens;
   }
 
-  std::string shm_;
-  mqueue::ShmMapping mapping_;
+  std::deque<mqueue::ShmMapping> mappings_;
   ReplyTable replies_{4096};
   Registry metrics_;
   std::unique_ptr<Engine> engine_;
@@ -199,6 +209,25 @@ TEST_P(EngineTest, DetachCallsDoneOnceEveryThreadHasDrained) {
   std::this_thread::sleep_for(50ms);
   std::lock_guard lock(m);
   EXPECT_EQ(done, 1);
+}
+
+TEST_P(EngineTest, CommandsAfterStopAreSettledAtOnce) {
+  engine_->stop();
+  // A detach is done at once: nothing is left waiting for a thread that will not run again.
+  int done = 0;
+  engine_->detach(region_, 10s, [&] { ++done; });
+  EXPECT_EQ(done, 1);
+  // A region attached after the stop has its waiting requests failed at once.
+  std::shared_ptr<AgentRegion> late;
+  ASSERT_NO_FATAL_FAILURE(late = make_region("late"));
+  service_->remove(region_.get());
+  const std::vector<uint64_t> tokens = dispatch(2 * kQueues);
+  engine_->attach(late);
+  const auto answers = sink_->wait_for(tokens.size());
+  ASSERT_EQ(answers.size(), tokens.size());
+  for (const auto& [token, a] : answers)
+    EXPECT_EQ(a.reply.bytes, "server shutting down");
+  EXPECT_EQ(engine_->in_flight(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, EngineTest, ::testing::Values(1u, 2u, 3u),

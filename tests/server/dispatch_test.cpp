@@ -2,21 +2,18 @@
 // control endpoint does) with the engine not running, so every request stays in the inbox of
 // the queue the policy chose.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <map>
 
 #include "caracal/mqueue/shm.hpp"
 #include "caracal/server/engine.hpp"
 #include "caracal/server/service.hpp"
+#include "test_region.hpp"
 
 namespace caracal::server {
 namespace {
 
-struct Region {
-  mqueue::ShmMapping mapping;
-  std::shared_ptr<AgentRegion> region;
-};
+using Region = test::TestRegion;
 
 Region make_region(const std::string& name, uint32_t queues, Service* service) {
   mqueue::RegionGeometry g;
@@ -24,17 +21,7 @@ Region make_region(const std::string& name, uint32_t queues, Service* service) {
   g.slot_bytes = 64;
   g.ring_capacity = 8;
   g.max_message_bytes = 64;
-  const mqueue::RegionHeader h = mqueue::compute_layout(g, 42);
-  const std::string shm = "/caracal-dispatch-test-" + std::to_string(getpid()) + "-" + name;
-  Region r;
-  Result<mqueue::ShmMapping> m = mqueue::ShmMapping::create_named(shm, h.region_bytes);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  r.mapping = std::move(m).value();
-  mqueue::initialize_region(r.mapping.data(), h);
-  Result<std::unique_ptr<RegionBinding>> b = bind_shm_region(shm, h.region_bytes);
-  EXPECT_TRUE(b.ok()) << b.status().message();
-  r.region = std::make_shared<AgentRegion>(name, 42, service, std::move(b).value());
-  return r;
+  return test::make_test_region(name, g, 42, service);
 }
 
 class DispatchTest : public ::testing::Test {

@@ -4,7 +4,6 @@
 // thread that serves its queue; detach and fail reach every thread's part of the region; commands
 // that come after the stop are settled at once.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -20,6 +19,7 @@
 #include "caracal/mqueue/shm.hpp"
 #include "caracal/server/engine.hpp"
 #include "caracal/server/service.hpp"
+#include "test_region.hpp"
 
 namespace caracal::server {
 namespace {
@@ -81,27 +81,18 @@ class EngineTest : public ::testing::TestWithParam<uint32_t> {
     engine_->start();
   }
 
-  // A region of kQueues server queues in named shm, bound as the control endpoint binds one and
-  // added to the service (not attached).
+  // A region of kQueues server queues, added to the service (not attached).
   std::shared_ptr<AgentRegion> make_region(const std::string& name) {
     mqueue::RegionGeometry g;
     g.server_queue_count = kQueues;
     g.slot_bytes = 64;
     g.ring_capacity = 64;
     g.max_message_bytes = 256;
-    const mqueue::RegionHeader h = mqueue::compute_layout(g, 7);
-    const std::string shm = "/caracal-engine-test-" + std::to_string(getpid()) + "-" + name;
-    Result<mqueue::ShmMapping> m = mqueue::ShmMapping::create_named(shm, h.region_bytes);
-    EXPECT_TRUE(m.ok()) << m.status().message();
-    if (!m.ok()) return nullptr;
-    mappings_.push_back(std::move(m).value());
-    mqueue::initialize_region(mappings_.back().data(), h);
-    Result<std::unique_ptr<RegionBinding>> b = bind_shm_region(shm, h.region_bytes);
-    EXPECT_TRUE(b.ok()) << b.status().message();
-    if (!b.ok()) return nullptr;
-    auto region = std::make_shared<AgentRegion>(name, 7, service_.get(), std::move(b).value());
-    EXPECT_TRUE(service_->add(region).ok());
-    return region;
+    test::TestRegion r = test::make_test_region(name, g, 7, service_.get());
+    if (!r.region) return nullptr;
+    mappings_.push_back(std::move(r.mapping));
+    EXPECT_TRUE(service_->add(r.region).ok());
+    return r.region;
   }
 
   void TearDown() override {

@@ -11,7 +11,8 @@
 # DURATION (2), WARMUP (0.5), THREADS (4), LOADGEN_THREADS (4), SAT_CONNECTIONS (8),
 # SAT_WINDOW (16), CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (0), PERF, ENGINE_THREADS
 # (snic_server's engine_threads; unset: the server's default). With several engine threads each
-# prints its own report; PERF samples the first.
+# prints its own report; PERF samples the first, or with PERF_PROCESS=1 every thread of
+# snic_server (the report is then sorted by thread name, then symbol).
 set -uo pipefail
 BUILD=$(realpath "${1:?usage: engine_profile.sh BUILD_DIR RESULTS_DIR}")
 RESULTS=${2:?usage: engine_profile.sh BUILD_DIR RESULTS_DIR}
@@ -84,8 +85,12 @@ YAML
   fi
   perf_pid=
   if [ -n "${PERF:-}" ]; then
-    engine_tid=$(grep -l caracal-engine /proc/"$spid"/task/*/comm | head -1 | cut -d/ -f5)
-    (sleep "$WARMUP"; exec "$PERF" record -e cpu-clock -F 4000 -t "$engine_tid" \
+    if [ -n "${PERF_PROCESS:-}" ]; then
+      target=(-p "$spid")
+    else
+      target=(-t "$(grep -l caracal-engine /proc/"$spid"/task/*/comm | head -1 | cut -d/ -f5)")
+    fi
+    (sleep "$WARMUP"; exec "$PERF" record -e cpu-clock -F 4000 "${target[@]}" \
       -o "$log-perf.data" -- sleep "$DURATION") >"$log-perf.log" 2>&1 &
     perf_pid=$!
   fi
@@ -98,8 +103,10 @@ YAML
   echo "== $name: $(head -1 "$log-loadgen.out")"
   grep "engine profile" "$log-server.log" || echo "(no engine profile in the server log)"
   if [ -n "$perf_pid" ] && [ -s "$log-perf.data" ]; then
-    "$PERF" report -i "$log-perf.data" --stdio --sort dso,sym 2>/dev/null |
-      grep -v '^#' | grep -v '^$' | head -40 >"$log-perf.txt"
+    sort_keys=dso,sym
+    [ -n "${PERF_PROCESS:-}" ] && sort_keys=comm,dso,sym
+    "$PERF" report -i "$log-perf.data" --stdio --sort "$sort_keys" 2>/dev/null |
+      grep -v '^#' | grep -v '^$' | head -${PERF_LINES:-40} >"$log-perf.txt"
     cat "$log-perf.txt"
   fi
 done

@@ -167,9 +167,17 @@ class EngineThread {
 
   // Any thread.
   void post(Command c);
+  // A request was queued in one of this thread's inboxes. The count it raises is also what a
+  // sleeping thread is woken for (see idle()), so a dispatch costs one shared read-modify-write.
   void note_dispatched() {
-    in_flight_.fetch_add(1, std::memory_order_relaxed);
-    notify();
+    // Pairs with idle(): Dekker-style, the submitter raises in_flight_ and then reads sleeping_;
+    // the thread sets sleeping_ and then reads in_flight_. Both seq_cst, so at least one of them
+    // sees the other: the thread does not sleep, or the submitter wakes it.
+    in_flight_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_seq_cst)) {
+      std::lock_guard lock(sleep_m_);
+      sleep_cv_.notify_one();
+    }
   }
   void notify();
   int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
@@ -209,16 +217,19 @@ class EngineThread {
   bool exited_ = false;                               // under commands_m_: see join()
   std::vector<Attached> regions_;                     // this thread only
   std::vector<std::shared_ptr<ReplySink>> to_flush_;  // this thread only
-  // Dekker-style handshake between notify() and the sleeping thread: the submitter bumps
-  // `submitted_` after queuing and then reads `sleeping_`; the thread sets `sleeping_` and
-  // then reads `submitted_`. Both sides use seq_cst so at least one of them sees the other.
-  std::atomic<uint64_t> submitted_{0};
-  std::atomic<bool> sleeping_{false};
+  // Dekker-style handshake between notify() and the sleeping thread: the notifier bumps
+  // `submitted_` after queuing (a command, a client queue's reply) and then reads `sleeping_`;
+  // the thread sets `sleeping_` and then reads `submitted_`. Both sides use seq_cst so at least
+  // one of them sees the other. Dispatched requests use in_flight_ instead (note_dispatched()).
+  // Each of the three atomics has a cache line of its own: in_flight_ changes with every request
+  // and reply, sleeping_ is read with every request, submitted_ is read every round.
+  alignas(64) std::atomic<uint64_t> submitted_{0};
+  alignas(64) std::atomic<bool> sleeping_{false};
   uint64_t round_seen_ = 0;  // submitted_ at the start of the current round
   std::mutex sleep_m_;
   std::condition_variable sleep_cv_;
   // Requests dispatched to this thread's queues and not yet answered or failed.
-  std::atomic<int64_t> in_flight_{0};
+  alignas(64) std::atomic<int64_t> in_flight_{0};
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -847,10 +858,12 @@ void EngineThread::idle(uint32_t idle_rounds) {
   }
   // Nothing in flight: sleep until a submission or a command, with a timeout for heartbeats of
   // draining regions.
-  // Anything submitted since this round began (round_seen_) is not served yet: no sleep then.
+  // Anything notified since this round began (round_seen_) is not served yet, and a request
+  // dispatched since the check above is in flight: no sleep then (see note_dispatched()).
   std::unique_lock lock(sleep_m_);
   sleeping_.store(true, std::memory_order_seq_cst);
   if (submitted_.load(std::memory_order_seq_cst) == round_seen_ &&
+      in_flight_.load(std::memory_order_seq_cst) <= 0 &&
       !stopping_.load(std::memory_order_relaxed)) {
     sleep_cv_.wait_for(lock, std::chrono::milliseconds(5));
   }

@@ -556,8 +556,8 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   // socket, so replies go out from the engine thread itself, a burst per sendmmsg() through the
   // socket's reply descriptor (see Socket): handing each to the I/O thread would cost a wake-up
   // of that thread, and one system call per reply the engine's time.
+  // The slot was one-shot (see on_datagram()): route() released it already.
   void deliver(uint32_t thread, uint64_t token, const udp::endpoint& peer, Reply reply) override {
-    replies_.release(token);
     // A counter only: nothing is published through it.
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
     const uint32_t i = split_token(token).slot % static_cast<uint32_t>(sockets_.size());
@@ -738,7 +738,9 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
           "message longer than " + std::to_string(service_.config().max_message_bytes) + " bytes");
       return;
     }
-    std::optional<uint64_t> token = replies_.acquire(shared_from_this(), peer);
+    // One-shot: the engine's route() frees the slot as it takes the reply, so the engine takes
+    // one slot lock per reply instead of two.
+    std::optional<uint64_t> token = replies_.acquire(shared_from_this(), peer, true);
     if (!token) {
       stats_.drop(DropReason::kReplySlots);
       return;

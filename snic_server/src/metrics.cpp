@@ -147,25 +147,43 @@ Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
                                   ") follows " + format_double(bounds_[i - 1]));
     }
   }
-  buckets_ = std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1);
+  lines_per_shard_ = (bounds_.size() + 1 + 7) / 8;
+  // Value-initialized: every count starts at zero.
+  lines_ = std::make_unique<Line[]>(lines_per_shard_ * kThreadShards);
 }
 
 void Histogram::observe(double v) {
   // First bound with v <= bound; a NaN compares false everywhere and lands in +Inf.
   const auto it = std::partition_point(bounds_.begin(), bounds_.end(),
                                        [v](double bound) { return !(v <= bound); });
-  buckets_[static_cast<size_t>(it - bounds_.begin())].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(v, std::memory_order_relaxed);
+  const uint32_t shard = thread_shard();
+  bucket(shard, static_cast<size_t>(it - bounds_.begin())).fetch_add(1, std::memory_order_relaxed);
+  sums_[shard].sum.fetch_add(v, std::memory_order_relaxed);
 }
 
 std::vector<uint64_t> Histogram::cumulative_counts() const {
   std::vector<uint64_t> out(bounds_.size() + 1);
   uint64_t total = 0;
   for (size_t i = 0; i < out.size(); ++i) {
-    total += buckets_[i].load(std::memory_order_relaxed);
+    for (uint32_t shard = 0; shard < kThreadShards; ++shard)
+      total += bucket(shard, i).load(std::memory_order_relaxed);
     out[i] = total;
   }
   return out;
+}
+
+double Histogram::sum() const {
+  double total = 0;
+  for (const SumCell& c : sums_)
+    total += c.sum.load(std::memory_order_relaxed);
+  return total;
+}
+
+uint64_t Counter::value() const {
+  uint64_t total = 0;
+  for (const Cell& c : cells_)
+    total += c.value.load(std::memory_order_relaxed);
+  return total;
 }
 
 uint64_t Histogram::count() const {

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace caracal::server {
 
@@ -12,6 +13,7 @@ Service::Service(const ServiceConfig& config, Engine& engine, Registry& metrics)
     : config_(config),
       engine_(engine),
       metrics_(metrics),
+      shards_(std::make_unique<Shard[]>(kThreadShards)),
       targets_(std::make_shared<const Targets>()),
       requests_(metrics.counter("caracal_service_requests_total",
                                 "Requests dispatched to the service's queues",
@@ -30,7 +32,21 @@ Service::Service(const ServiceConfig& config, Engine& engine, Registry& metrics)
              {{"service", config.name}}),
       latency_(metrics.histogram("caracal_service_latency_seconds",
                                  "Time from dispatch to the answer leaving the engine",
-                                 {{"service", config.name}}, latency_buckets_seconds())) {}
+                                 {{"service", config.name}}, latency_buckets_seconds())) {
+  for (uint32_t k = 0; k < kThreadShards; ++k) {
+    shards_[k].targets = targets_;
+    shards_[k].next = k;  // threads start their round robin at different queues
+  }
+}
+
+void Service::publish(std::shared_ptr<const Targets> next) {
+  targets_ = std::move(next);
+  for (uint32_t k = 0; k < kThreadShards; ++k) {
+    std::shared_ptr<const Targets> old;  // released outside the shard's lock
+    std::lock_guard lock(shards_[k].m);
+    old = std::exchange(shards_[k].targets, targets_);
+  }
+}
 
 Service::~Service() {
   std::lock_guard lock(membership_m_);
@@ -43,19 +59,20 @@ bool Service::congested(const Target& t) const {
 }
 
 bool Service::any_congested() const {
-  const auto t = targets();
-  return std::any_of(t->begin(), t->end(), [this](const Target& x) { return congested(x); });
+  return with_targets([this](const Targets& t, uint64_t&) {
+    return std::any_of(t.begin(), t.end(), [this](const Target& x) { return congested(x); });
+  });
 }
 
-size_t Service::pick(const Targets& t, uint64_t flow) {
+size_t Service::pick(const Targets& t, uint64_t& next, uint64_t flow) const {
   switch (config_.dispatch) {
     case DispatchPolicy::kRoundRobin:
-      return round_robin_.fetch_add(1, std::memory_order_relaxed) % t.size();
+      return next++ % t.size();
     case DispatchPolicy::kFlowAffinity:
       return flow % t.size();
     case DispatchPolicy::kLeastLoaded: {
       // Start the scan at a rotating position so that ties do not all land on queue 0.
-      const size_t start = round_robin_.fetch_add(1, std::memory_order_relaxed) % t.size();
+      const size_t start = next++ % t.size();
       size_t best = start;
       int64_t best_load = INT64_MAX;
       for (size_t i = 0; i < t.size(); ++i) {
@@ -75,29 +92,30 @@ size_t Service::pick(const Targets& t, uint64_t flow) {
 
 DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flow,
                                  bool may_exceed) {
-  const auto t = targets();
-  if (t->empty()) return DispatchStatus::kNoAgent;
-  size_t k = pick(*t, flow);
-  Message m{token, 0, std::move(bytes), Clock::now()};
-  bool saw_congested = false;
-  // A queue can close under us (its agent was lost a moment ago), or be congested; try the
-  // others in turn before giving up.
-  for (size_t attempt = 0; attempt < t->size(); ++attempt, k = (k + 1) % t->size()) {
-    const Target& target = (*t)[k];
-    const bool full = congested(target);
-    saw_congested |= full;
-    if (full && !may_exceed) continue;
-    QueueInbox& inbox = target.region->inbox(target.queue);
-    inbox.outstanding.fetch_add(1, std::memory_order_relaxed);
-    if (!inbox.submit(m)) {  // closed: its agent is going away; try the next queue
-      inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
-      continue;
+  return with_targets([&](const Targets& t, uint64_t& next) {
+    if (t.empty()) return DispatchStatus::kNoAgent;
+    size_t k = pick(t, next, flow);
+    Message m{token, 0, std::move(bytes), Clock::now()};
+    bool saw_congested = false;
+    // A queue can close under us (its agent was lost a moment ago), or be congested; try the
+    // others in turn before giving up.
+    for (size_t attempt = 0; attempt < t.size(); ++attempt, k = (k + 1) % t.size()) {
+      const Target& target = t[k];
+      const bool full = congested(target);
+      saw_congested |= full;
+      if (full && !may_exceed) continue;
+      QueueInbox& inbox = target.region->inbox(target.queue);
+      inbox.outstanding.fetch_add(1, std::memory_order_relaxed);
+      if (!inbox.submit(m)) {  // closed: its agent is going away; try the next queue
+        inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
+        continue;
+      }
+      requests_.inc();
+      engine_.note_dispatched(*target.region, target.queue);
+      return full ? DispatchStatus::kCongested : DispatchStatus::kQueued;
     }
-    requests_.inc();
-    engine_.note_dispatched(*target.region, target.queue);
-    return full ? DispatchStatus::kCongested : DispatchStatus::kQueued;
-  }
-  return saw_congested ? DispatchStatus::kFull : DispatchStatus::kNoAgent;
+    return saw_congested ? DispatchStatus::kFull : DispatchStatus::kNoAgent;
+  });
 }
 
 Status Service::add(std::shared_ptr<AgentRegion> region) {
@@ -110,7 +128,7 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
                             " (raise max_message_bytes in the agent's config)");
   }
   std::lock_guard lock(membership_m_);
-  auto next = std::make_shared<Targets>(*targets());
+  auto next = std::make_shared<Targets>(*targets_);
   for (uint32_t q = 0; q < region->server_queues(); ++q) {
     next->push_back(Target{region, q, h.ring_capacity});
     const Labels labels{
@@ -138,19 +156,17 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
               return static_cast<double>(inbox->waiting.load(std::memory_order_relaxed));
             }));
   }
-  std::atomic_store_explicit(&targets_, std::shared_ptr<const Targets>(std::move(next)),
-                             std::memory_order_release);
+  publish(std::move(next));
   return Status::ok_status();
 }
 
 void Service::remove(const AgentRegion* region) {
   std::lock_guard lock(membership_m_);
   auto next = std::make_shared<Targets>();
-  for (const Target& t : *targets()) {
+  for (const Target& t : *targets_) {
     if (t.region.get() != region) next->push_back(t);
   }
-  std::atomic_store_explicit(&targets_, std::shared_ptr<const Targets>(std::move(next)),
-                             std::memory_order_release);
+  publish(std::move(next));
   on_room();  // connections parked on the removed queues would otherwise wait forever
   for (auto it = metric_callbacks_.begin(); it != metric_callbacks_.end();) {
     if (it->first == region) {
@@ -164,14 +180,17 @@ void Service::remove(const AgentRegion* region) {
 
 void Service::remove_all() {
   std::vector<const AgentRegion*> regions;
-  for (const Target& t : *targets())
-    regions.push_back(t.region.get());
+  {
+    std::lock_guard lock(membership_m_);
+    for (const Target& t : *targets_)
+      regions.push_back(t.region.get());
+  }
   for (const AgentRegion* r : regions)
     remove(r);
 }
 
 size_t Service::queue_count() const {
-  return targets()->size();
+  return with_targets([](const Targets& t, uint64_t&) { return t.size(); });
 }
 
 void Service::park(std::function<void()> resume) {

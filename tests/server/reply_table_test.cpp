@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "caracal/server/reply.hpp"
+#include "caracal/server/thread_shard.hpp"
 
 namespace caracal::server {
 namespace {
@@ -45,18 +48,77 @@ TEST(ReplyTable, ReleasedSlotNeverRoutesAnOldToken) {
 }
 
 TEST(ReplyTable, FullTableRefusesAndFreedSlotsAreReusedLast) {
-  ReplyTable table(4);
+  // One slot per shard: this thread takes its own shard's slot first, then the other shards'
+  // (a dry shard does not refuse while others have room), and refuses only when all are taken.
+  ReplyTable table(kThreadShards);
+  auto s = std::make_shared<Sink>();
+  std::set<uint32_t> slots;
+  for (uint32_t i = 0; i < kThreadShards; ++i) {
+    const auto t = table.acquire(s);
+    ASSERT_TRUE(t) << "acquire " << i << " of " << kThreadShards;
+    slots.insert(split_token(*t).slot);
+  }
+  EXPECT_EQ(slots.size(), kThreadShards);
+  EXPECT_FALSE(table.acquire(s));
+  EXPECT_EQ(table.in_use(), kThreadShards);
+}
+
+TEST(ReplyTable, FreedSlotsGoBackToTheirShardAndAreReusedLast) {
+  // Four slots per shard: this thread's acquires come from its shard in FIFO order.
+  ReplyTable table(4 * kThreadShards);
   auto s = std::make_shared<Sink>();
   std::vector<uint64_t> tokens;
   for (int i = 0; i < 4; ++i)
     tokens.push_back(*table.acquire(s));
-  EXPECT_FALSE(table.acquire(s));
+  const uint32_t first = split_token(tokens[0]).slot;
+  EXPECT_EQ(first % 4, 0u) << "a shard owns an aligned range of slots";
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(split_token(tokens[i]).slot, first + i);
   table.release(tokens[2]);
   table.release(tokens[0]);
-  // FIFO: slot 2 comes back first, then slot 0.
-  EXPECT_EQ(split_token(*table.acquire(s)).slot, split_token(tokens[2]).slot);
-  EXPECT_EQ(split_token(*table.acquire(s)).slot, split_token(tokens[0]).slot);
-  EXPECT_EQ(table.in_use(), 4u);
+  // FIFO within the shard: slot 2 comes back first, then slot 0.
+  EXPECT_EQ(split_token(*table.acquire(s)).slot, first + 2);
+  EXPECT_EQ(split_token(*table.acquire(s)).slot, first);
+  // The shard is dry again: the next slot comes from another shard.
+  const uint32_t other = split_token(*table.acquire(s)).slot;
+  EXPECT_TRUE(other < first || other >= first + 4) << other;
+  EXPECT_EQ(table.in_use(), 5u);
+}
+
+TEST(ReplyTable, SlotsReleasedOnAnotherThreadReturnToTheirOwner) {
+  ReplyTable table(2 * kThreadShards);
+  auto s = std::make_shared<Sink>();
+  const uint64_t mine = *table.acquire(s);
+  // Released on another thread (an engine thread): it goes back to this thread's shard, where
+  // this thread finds it again after the shard's other free slot.
+  std::thread([&] { table.release(mine); }).join();
+  const uint64_t next = *table.acquire(s);
+  EXPECT_EQ(split_token(next).slot, split_token(mine).slot + 1);
+  EXPECT_EQ(split_token(*table.acquire(s)).slot, split_token(mine).slot);
+}
+
+TEST(ReplyTable, OneShotSlotIsReleasedByItsRoute) {
+  ReplyTable table(kThreadShards);
+  auto a = std::make_shared<Sink>();
+  const uint64_t t = *table.acquire(a, {}, true);
+  EXPECT_EQ(a.use_count(), 2);
+  auto route = table.route(t);
+  ASSERT_TRUE(route);
+  EXPECT_EQ(route->sink, a);
+  EXPECT_EQ(a.use_count(), 2) << "the route took the slot's reference instead of copying it";
+  EXPECT_EQ(table.in_use(), 0u);
+  EXPECT_FALSE(table.route(t)) << "a second reply to a one-shot token must drop";
+  // The slot is free for another request, and a late release of the old token leaves it alone.
+  const auto again = table.acquire(a, {}, true);
+  ASSERT_TRUE(again);
+  table.release(t);
+  EXPECT_EQ(table.in_use(), 1u);
+  EXPECT_TRUE(table.route(*again));
+  // A slot that was not one-shot stays bound after its routes.
+  const uint64_t kept = *table.acquire(a);
+  EXPECT_TRUE(table.route(kept | 1));
+  EXPECT_TRUE(table.route(kept | 2));
+  EXPECT_EQ(table.in_use(), 1u);
 }
 
 TEST(ReplyTable, GenerationWrapsWithinItsBits) {

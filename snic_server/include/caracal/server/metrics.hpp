@@ -2,14 +2,17 @@
 // text exposition format 0.0.4 and served over HTTP by MetricsServer (GET /metrics).
 //
 // The data path only touches the metric objects: Counter::inc, Gauge::set/add and
-// Histogram::observe are relaxed atomic updates that never lock, allocate or throw. Registration
-// and rendering are setup and scrape work: they take the registry's lock.
+// Histogram::observe are relaxed atomic updates that never lock, allocate or throw. Counters and
+// histograms keep a cell per thread shard (thread_shard.hpp), which a scrape adds up, so that the
+// I/O and engine threads counting every request do not pass one cache line between their cores.
+// Registration and rendering are setup and scrape work: they take the registry's lock.
 //
 // A scrape reads each value once without stopping writers, so values taken together (two
 // counters, or a histogram's buckets and its sum) may be from slightly different instants; each
 // histogram's +Inf bucket always equals its _count.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "caracal/mqueue/status.hpp"
+#include "caracal/server/thread_shard.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -32,14 +36,18 @@ namespace caracal::server {
 // the order given; the order does not make a different series.
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
-// Each metric sits on its own cache line: counters of different I/O threads do not share one.
-class alignas(64) Counter {
+// Each metric sits on its own cache lines: counters of different I/O threads do not share one.
+class Counter {
  public:
-  void inc(uint64_t n = 1) { value_.fetch_add(n, std::memory_order_relaxed); }
-  uint64_t value() const { return value_.load(std::memory_order_relaxed); }
+  void inc(uint64_t n = 1) { cells_[thread_shard()].value.fetch_add(n, std::memory_order_relaxed); }
+  // The sum of the cells. Each cell only grows, so successive reads never go down.
+  uint64_t value() const;
 
  private:
-  std::atomic<uint64_t> value_{0};
+  struct alignas(64) Cell {
+    std::atomic<uint64_t> value{0};
+  };
+  std::array<Cell, kThreadShards> cells_;
 };
 
 class alignas(64) Gauge {
@@ -68,12 +76,25 @@ class alignas(64) Histogram {
   // entry than bounds().
   std::vector<uint64_t> cumulative_counts() const;
   uint64_t count() const;
-  double sum() const { return sum_.load(std::memory_order_relaxed); }
+  double sum() const;
 
  private:
+  struct alignas(64) Line {
+    std::atomic<uint64_t> counts[8];
+  };
+  struct alignas(64) SumCell {
+    std::atomic<double> sum{0.0};
+  };
+  std::atomic<uint64_t>& bucket(uint32_t shard, size_t i) const {
+    return lines_[shard * lines_per_shard_ + i / 8].counts[i % 8];
+  }
+
   std::vector<double> bounds_;
-  std::unique_ptr<std::atomic<uint64_t>[]> buckets_;  // per bucket, not cumulative; +Inf last
-  std::atomic<double> sum_{0.0};
+  // Per shard, lines_per_shard_ lines of bucket counts (per bucket, not cumulative; +Inf last),
+  // so that no two shards share a line.
+  size_t lines_per_shard_ = 0;
+  std::unique_ptr<Line[]> lines_;
+  std::array<SumCell, kThreadShards> sums_;
 };
 
 class Registry {

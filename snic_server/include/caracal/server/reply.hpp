@@ -80,42 +80,64 @@ class ReplySink {
 
 // The slots. acquire/release/route are thread-safe; each slot has its own lock, so the engine
 // routing a reply never waits for unrelated connections.
+//
+// Free slots are kept in shards (thread_shard.hpp), each with its own lock and a fixed range of
+// slots: a thread acquires from its own shard first, and a slot goes back to the shard that owns
+// it. The I/O threads acquiring a slot for every UDP request, and the engine threads releasing
+// them, therefore do not all take one lock.
 class ReplyTable {
  public:
   explicit ReplyTable(uint32_t capacity);
 
   // A free slot bound to `sink` (and, for UDP, the peer to answer). The token base has
-  // sequence 0. Empty when every slot is taken.
+  // sequence 0. Empty when every slot is taken. A `one_shot` slot carries one reply (a UDP
+  // request): route() releases it as it hands out the route, so nobody calls release() for it
+  // after a route (release() before one, for a request that was never dispatched, is fine).
   std::optional<uint64_t> acquire(std::shared_ptr<ReplySink> sink,
-                                  const boost::asio::ip::udp::endpoint& peer = {});
+                                  const boost::asio::ip::udp::endpoint& peer = {},
+                                  bool one_shot = false);
   // Frees the slot of `token` if its generation still matches; later replies to it drop.
   void release(uint64_t token);
 
-  // The sink and peer of a token whose slot is still bound to the same generation.
+  // The sink and peer of a token whose slot is still bound to the same generation. A one-shot
+  // slot is released by this call (the route takes over its reference to the sink).
   struct Route {
     std::shared_ptr<ReplySink> sink;
     boost::asio::ip::udp::endpoint peer;
   };
-  std::optional<Route> route(uint64_t token) const;
+  std::optional<Route> route(uint64_t token);
 
   uint32_t capacity() const { return static_cast<uint32_t>(slots_.size()); }
   uint32_t in_use() const;
 
  private:
   struct Slot {
-    mutable std::mutex m;
+    std::mutex m;
     uint32_t generation = 0;
     bool bound = false;
+    bool one_shot = false;
     std::shared_ptr<ReplySink> sink;
     boost::asio::ip::udp::endpoint peer;
   };
+  // FIFO of the free slots of [first, first + size): a released slot is reused as late as
+  // possible, so generations of one slot wrap only after every other slot of its shard has been
+  // used 2^20 times.
+  struct alignas(64) Shard {
+    std::mutex m;
+    uint32_t first = 0;
+    std::vector<uint32_t> free;  // ring of `size` entries
+    size_t head = 0;
+    size_t count = 0;
+  };
+  Shard& owner(uint32_t slot) {
+    return shards_[std::min<size_t>(slot / per_shard_, shard_count_ - 1)];
+  }
+  void put_free(uint32_t slot);  // takes the owner shard's lock
+
   std::vector<Slot> slots_;
-  mutable std::mutex free_m_;
-  // FIFO of free slots: a released slot is reused as late as possible, so generations of one
-  // slot wrap only after every other slot has been used 2^20 times.
-  std::vector<uint32_t> free_;
-  size_t free_head_ = 0;
-  size_t free_count_ = 0;
+  size_t shard_count_ = 1;
+  uint32_t per_shard_ = 1;  // slots per shard; the last shard also takes the remainder
+  std::unique_ptr<Shard[]> shards_;
 };
 
 }  // namespace caracal::server

@@ -24,6 +24,7 @@
 #include "caracal/server/engine.hpp"
 #include "caracal/server/metrics.hpp"
 #include "caracal/server/reply.hpp"
+#include "caracal/server/thread_shard.hpp"
 
 namespace caracal::server {
 
@@ -112,25 +113,37 @@ class Service {
   };
   using Targets = std::vector<Target>;
 
-  std::shared_ptr<const Targets> targets() const {
-    return std::atomic_load_explicit(&targets_, std::memory_order_acquire);
+  // Copy-on-write membership, one copy per thread shard (thread_shard.hpp). dispatch() reads its
+  // thread's copy under that shard's lock, which other threads take only when they share the
+  // shard or when the membership changes; so the I/O threads dispatching every request take no
+  // common lock and count no common reference. add/remove (rare, under membership_m_) install the
+  // new membership in every shard, one shard at a time.
+  struct alignas(64) Shard {
+    std::mutex m;
+    std::shared_ptr<const Targets> targets;
+    uint64_t next = 0;  // round_robin's position, and least_loaded's first queue to look at
+  };
+  // Runs f(targets, next) under the calling thread's shard lock.
+  template <typename F>
+  auto with_targets(F&& f) const {
+    Shard& sh = shards_[thread_shard()];
+    std::lock_guard lock(sh.m);
+    return f(*sh.targets, sh.next);
   }
+  void publish(std::shared_ptr<const Targets> next);  // caller holds membership_m_
   bool congested(const Target& t) const;
   bool any_congested() const;
-  size_t pick(const Targets& t, uint64_t flow);
+  size_t pick(const Targets& t, uint64_t& next, uint64_t flow) const;
 
   ServiceConfig config_;
   Engine& engine_;
   Registry& metrics_;
 
-  // Copy-on-write: dispatch reads a snapshot without locking; add/remove (rare) publish a new
-  // vector under membership_m_ with a release store that pairs with targets()'s acquire.
-  std::shared_ptr<const Targets> targets_;
+  std::unique_ptr<Shard[]> shards_;
   std::mutex membership_m_;
+  std::shared_ptr<const Targets> targets_;  // the current membership; under membership_m_
   std::vector<uint64_t> queue_metric_ids_;
   std::vector<std::pair<const AgentRegion*, uint64_t>> metric_callbacks_;
-
-  std::atomic<uint64_t> round_robin_{0};
 
   std::mutex parked_m_;
   std::vector<std::function<void()>> parked_;

@@ -265,8 +265,14 @@ ServerConfig parse_server_config(const Field& root) {
   ServerConfig c;
   if (auto v = root.optional("io_threads"))
     c.io_threads = static_cast<uint32_t>(v->as_uint(1, 256));
-  if (auto v = root.optional("engine_threads"))
-    c.engine_threads = static_cast<uint32_t>(v->as_uint(1, kMaxEngineThreads));
+  if (auto v = root.optional("engine_threads")) {
+    c.engine_threads = static_cast<uint32_t>(v->as_uint(0, kMaxEngineThreads));
+    if (c.engine_threads == 0 && c.io_threads > kMaxEngineThreads) {
+      v->fail("0 runs an engine thread in each I/O thread, and there may be at most " +
+              std::to_string(kMaxEngineThreads) + " of them; io_threads is " +
+              std::to_string(c.io_threads));
+    }
+  }
   if (auto v = root.optional("log_level")) {
     c.log_level = v->as_string();
     static const std::set<std::string> levels{"trace", "debug", "info", "warn", "error", "off"};

@@ -6,6 +6,8 @@
 #include <time.h>
 
 #include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -152,6 +154,13 @@ class EngineThread {
   };
 
   EngineThread(Engine& engine, uint32_t index) : engine_(engine), index_(index) {}
+
+  // Hosted mode (EngineOptions::hosted): the thread's rounds run in `io`'s thread, between its
+  // handlers (run_hosted()), and wake-ups are posts to `io`. Set before start().
+  void set_host(boost::asio::io_context& io) { host_ = &io; }
+  // The host's loop: engine rounds and `io`'s ready handlers in turn until the engine stops,
+  // then io.run() until `io` stops. Called once, on the thread that runs `io`.
+  void run_hosted();
   ~EngineThread() { stop(); }
   EngineThread(const EngineThread&) = delete;
   EngineThread& operator=(const EngineThread&) = delete;
@@ -174,10 +183,7 @@ class EngineThread {
     // the thread sets sleeping_ and then reads in_flight_. Both seq_cst, so at least one of them
     // sees the other: the thread does not sleep, or the submitter wakes it.
     in_flight_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleeping_.load(std::memory_order_seq_cst)) {
-      std::lock_guard lock(sleep_m_);
-      sleep_cv_.notify_one();
-    }
+    if (sleeping_.load(std::memory_order_seq_cst)) wake();
   }
   void notify();
   int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
@@ -197,6 +203,13 @@ class EngineThread {
   };
 
   void run();
+  // One round: commands, then every region's queues. Sets `busy` if it did anything; false
+  // once the thread is asked to stop (the round then did nothing).
+  bool round(bool& busy);
+  // After the last round: fails what is still served ("server shutting down").
+  void finish();
+  // Wakes the thread out of its sleep (a post to the host in hosted mode).
+  void wake();
   bool apply_commands();
   // A command that finds the thread stopped (commands_m_ held): an attached region is failed at
   // once, a detach is done at once, a failure has nothing left to fail. Nothing is left waiting
@@ -211,6 +224,10 @@ class EngineThread {
   Engine& engine_;
   const uint32_t index_;
   std::thread thread_;
+  boost::asio::io_context* host_ = nullptr;  // hosted mode only; set before start()
+  // Hosted mode, under commands_m_: run_hosted() is between its first and its last round.
+  bool hosted_running_ = false;
+  std::condition_variable hosted_done_;  // hosted_running_ went false (with commands_m_)
   std::atomic<bool> stopping_{false};
   std::mutex commands_m_;
   std::vector<Command> commands_;
@@ -517,6 +534,14 @@ Engine::~Engine() {
   stop();
 }
 
+void Engine::host(uint32_t thread, boost::asio::io_context& io) {
+  threads_.at(thread)->set_host(io);
+}
+
+void Engine::run_hosted(uint32_t thread) {
+  threads_.at(thread)->run_hosted();
+}
+
 void Engine::start() {
   for (auto& t : threads_)
     t->start();
@@ -620,6 +645,7 @@ void EngineThread::start() {
     exited_ = false;
   }
   stopping_.store(false);
+  if (host_ != nullptr) return;  // the host's thread runs the rounds (run_hosted())
   thread_ = std::thread([this] {
     // Thread 0 keeps the name it had before there were several; names stay within 15 bytes.
     const std::string name =
@@ -632,17 +658,23 @@ void EngineThread::start() {
 }
 
 void EngineThread::request_stop() {
-  if (!thread_.joinable()) return;
-  stopping_.store(true);
+  if (!thread_.joinable() && host_ == nullptr) return;
+  // Once is enough: a second stop (the engine's destructor after Engine::stop) wakes nobody,
+  // and must not post to a host that may be gone by then.
+  if (stopping_.exchange(true)) return;
   notify_always();
 }
 
 void EngineThread::join() {
   if (thread_.joinable()) thread_.join();
+  std::unique_lock lock(commands_m_);
+  // Hosted: the host's loop finishes its rounds (it saw stopping_ or will at its next round).
+  // A host that has not entered run_hosted() yet finds exited_ set when it does, and runs no
+  // round at all.
+  hosted_done_.wait(lock, [this] { return !hosted_running_; });
   // The thread has failed what it served; nothing runs its commands from now on. The reply
   // state settle() uses (to_flush_, the sinks' element index_) is this thread's, and with the
   // thread gone only settle() touches it, always under commands_m_.
-  std::lock_guard lock(commands_m_);
   exited_ = true;
   for (Command& c : commands_)
     settle(c);
@@ -680,14 +712,21 @@ void EngineThread::settle(Command& c) {
 void EngineThread::notify() {
   // Pairs with idle(): see the comment on submitted_/sleeping_.
   submitted_.fetch_add(1, std::memory_order_seq_cst);
-  if (sleeping_.load(std::memory_order_seq_cst)) {
-    std::lock_guard lock(sleep_m_);
-    sleep_cv_.notify_one();
-  }
+  if (sleeping_.load(std::memory_order_seq_cst)) wake();
 }
 
 void EngineThread::notify_always() {
   submitted_.fetch_add(1, std::memory_order_seq_cst);
+  wake();
+}
+
+void EngineThread::wake() {
+  if (host_ != nullptr) {
+    // An empty handler: the host's run_one_for() in idle() returns once it ran. A post that
+    // comes before the host waits is run by that wait at once, so no wake-up is lost.
+    boost::asio::post(*host_, [] {});
+    return;
+  }
   std::lock_guard lock(sleep_m_);
   sleep_cv_.notify_one();
 }
@@ -792,43 +831,55 @@ void EngineThread::fail_region(Attached& a, const std::string& reason) {
   }
 }
 
+bool EngineThread::round(bool& busy) {
+  prof::Scope round(prof::kRound);
+  round_seen_ = submitted_.load(std::memory_order_seq_cst);
+  busy = apply_commands();
+  flush_replies();
+  if (stopping_.load(std::memory_order_relaxed)) return false;
+  for (size_t i = 0; i < regions_.size();) {
+    Attached& a = regions_[i];
+    std::string fault;
+    {
+      prof::Scope t(prof::kServe);
+      busy |= a.region->binding().serve(*this, *a.region, a.queues, fault);
+    }
+    flush_replies();  // this region's replies go out before the next region is polled
+    if (!fault.empty()) {
+      spdlog::error("{}: {}; the region is dropped", a.region->label(), fault);
+      if (a.region->service() != nullptr) a.region->service()->remove(a.region.get());
+      fail_region(a, "agent fault: " + fault);
+      std::shared_ptr<AgentRegion> dropped = std::move(a.region);
+      regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
+      flush_replies();
+      // The threads that serve the region's other queues drop it as well.
+      engine_.fail_elsewhere(dropped, "agent fault: " + fault, index_);
+      dropped->notify_fault(fault);
+      continue;
+    }
+    if (a.draining &&
+        (a.region->binding().in_flight(a.queues) == 0 || Clock::now() >= a.drain_deadline)) {
+      fail_region(a, "agent detached");
+      flush_replies();
+      regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
+      continue;
+    }
+    ++i;
+  }
+  return true;
+}
+
+void EngineThread::finish() {
+  for (Attached& a : regions_)
+    fail_region(a, "server shutting down");
+  flush_replies();
+  regions_.clear();
+}
+
 void EngineThread::run() {
   uint32_t idle_rounds = 0;
-  for (;;) {
-    prof::Scope round(prof::kRound);
-    round_seen_ = submitted_.load(std::memory_order_seq_cst);
-    bool busy = apply_commands();
-    flush_replies();
-    if (stopping_.load(std::memory_order_relaxed)) break;
-    for (size_t i = 0; i < regions_.size();) {
-      Attached& a = regions_[i];
-      std::string fault;
-      {
-        prof::Scope t(prof::kServe);
-        busy |= a.region->binding().serve(*this, *a.region, a.queues, fault);
-      }
-      flush_replies();  // this region's replies go out before the next region is polled
-      if (!fault.empty()) {
-        spdlog::error("{}: {}; the region is dropped", a.region->label(), fault);
-        if (a.region->service() != nullptr) a.region->service()->remove(a.region.get());
-        fail_region(a, "agent fault: " + fault);
-        std::shared_ptr<AgentRegion> dropped = std::move(a.region);
-        regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
-        flush_replies();
-        // The threads that serve the region's other queues drop it as well.
-        engine_.fail_elsewhere(dropped, "agent fault: " + fault, index_);
-        dropped->notify_fault(fault);
-        continue;
-      }
-      if (a.draining &&
-          (a.region->binding().in_flight(a.queues) == 0 || Clock::now() >= a.drain_deadline)) {
-        fail_region(a, "agent detached");
-        flush_replies();
-        regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
-        continue;
-      }
-      ++i;
-    }
+  bool busy = false;
+  while (round(busy)) {
     if (busy) {
       idle_rounds = 0;
     } else {
@@ -836,10 +887,44 @@ void EngineThread::run() {
       idle(++idle_rounds);
     }
   }
-  for (Attached& a : regions_)
-    fail_region(a, "server shutting down");
-  flush_replies();
-  regions_.clear();
+  finish();
+}
+
+void EngineThread::run_hosted() {
+  boost::asio::io_context& io = *host_;
+  bool run_rounds = false;
+  {
+    std::lock_guard lock(commands_m_);
+    // Not after join(): a server that stops before its I/O threads got here runs no round.
+    run_rounds = !exited_;
+    hosted_running_ = run_rounds;
+  }
+  if (run_rounds) {
+    prof::thread_begin();
+    uint32_t idle_rounds = 0;
+    bool busy = false;
+    for (;;) {
+      // The host's ready handlers (received requests, replies to write), without waiting.
+      const size_t handled = io.poll();
+      if (io.stopped() || !round(busy)) break;
+      if (busy || handled > 0) {
+        idle_rounds = 0;
+      } else {
+        prof::Scope t(prof::kIdle);
+        idle(++idle_rounds);
+      }
+    }
+    finish();
+    prof::thread_end();
+    {
+      std::lock_guard lock(commands_m_);
+      hosted_running_ = false;
+    }
+    hosted_done_.notify_all();
+  }
+  // The engine is done; the host goes on serving its sockets (replies of the drain, closing
+  // connections) until the server stops it.
+  if (!io.stopped()) io.run();
 }
 
 void EngineThread::idle(uint32_t idle_rounds) {
@@ -851,9 +936,23 @@ void EngineThread::idle(uint32_t idle_rounds) {
     // core away in between (the agent's pollers may share it).
     if (idle_rounds < o.spin_rounds * 2) {
       std::this_thread::yield();
+    } else if (host_ != nullptr) {
+      host_->run_one_for(o.max_poll_sleep);  // a handler of the host's ends the wait early
     } else {
       std::this_thread::sleep_for(o.max_poll_sleep);
     }
+    return;
+  }
+  if (host_ != nullptr) {
+    // Hosted: the host's own wait is the sleep, and a wake() is a post that ends it. The same
+    // handshake as below, without the mutex: the post cannot be lost (see wake()).
+    sleeping_.store(true, std::memory_order_seq_cst);
+    if (submitted_.load(std::memory_order_seq_cst) == round_seen_ &&
+        in_flight_.load(std::memory_order_seq_cst) <= 0 &&
+        !stopping_.load(std::memory_order_relaxed)) {
+      host_->run_one_for(std::chrono::milliseconds(5));
+    }
+    sleeping_.store(false, std::memory_order_seq_cst);
     return;
   }
   // Nothing in flight: sleep until a submission or a command, with a timeout for heartbeats of

@@ -81,10 +81,13 @@ int main(int argc, char** argv) {
     server.stop();
     return 1;
   }
+  const std::string engine = config.engine_threads == 0
+                                 ? std::string("the engine run by the I/O threads")
+                                 : fmt::format("{} engine thread(s)", config.engine_threads);
   spdlog::info(
-      "snic_server {} serving {} service(s) with {} I/O and {} engine thread(s); SIGINT or "
+      "snic_server {} serving {} service(s) with {} I/O thread(s) and {}; SIGINT or "
       "SIGTERM stops it",
-      CARACAL_VERSION, config.services.size(), config.io_threads, config.engine_threads);
+      CARACAL_VERSION, config.services.size(), config.io_threads, engine);
   signals_io.run();
   spdlog::info("{} received: draining requests in flight",
                received == SIGINT ? "SIGINT" : "SIGTERM");

@@ -11,8 +11,16 @@ Server::Server(ServerConfig config, ServerOptions options)
     : config_(std::move(config)),
       options_(options),
       replies_(options.reply_slots),
-      engine_(replies_, EngineOptions{.threads = config_.engine_threads}),
+      engine_(replies_,
+              EngineOptions{.threads = config_.engine_threads == 0 ? config_.io_threads
+                                                                   : config_.engine_threads}),
       io_(config_.io_threads) {
+  // engine_threads 0: every I/O thread hosts an engine thread (parse_server_config keeps
+  // io_threads within kMaxEngineThreads then).
+  if (config_.engine_threads == 0) {
+    for (uint32_t i = 0; i < io_.size(); ++i)
+      engine_.host(i, io_.at(i));
+  }
   for (const ServiceConfig& s : config_.services) {
     services_.push_back(std::make_unique<Service>(s, engine_, metrics_));
   }
@@ -63,11 +71,16 @@ Status Server::start() {
   if (dpdk_) {
     if (Status st = dpdk_->run(); !st.ok()) return st;
   }
+  const bool hosted = config_.engine_threads == 0;
   for (size_t i = 0; i < io_.size(); ++i) {
-    threads_.emplace_back([&io = io_.at(i)] {
+    threads_.emplace_back([this, hosted, i, &io = io_.at(i)] {
       pthread_setname_np(pthread_self(), "caracal-io");  // for top -H and the benchmarks
       auto guard = boost::asio::make_work_guard(io);
-      io.run();
+      if (hosted) {
+        engine_.run_hosted(static_cast<uint32_t>(i));
+      } else {
+        io.run();
+      }
     });
   }
   return Status::ok_status();

@@ -2,12 +2,14 @@
 # 500 concurrent TCP connections with pipelined requests of random sizes through snic_server
 # to two echo agents (4 queues, round-robin, so one connection's requests are served by
 # different queues, agents and engine threads): every reply must be correct and in request order.
+# ENGINE_THREADS (default 2) is the server's engine_threads; e2e.pipeline_hosted runs it with 0
+# (each I/O thread runs an engine thread between its socket handlers).
 source "$(dirname "$0")/lib.sh"
 need curl
 CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
 
 start_server "io_threads: 2
-engine_threads: 2
+engine_threads: ${ENGINE_THREADS:-2}
 control: { listen: 127.0.0.1:0, secret: $SECRET }
 metrics: { listen: 127.0.0.1:0 }
 services:

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # sockperf against the echo agent through snic_server: ping-pong and throughput over UDP and
-# TCP, a few seconds each, with zero errors, drops, duplicates or reordering.
+# TCP, a few seconds each, with zero errors, drops, duplicates or reordering. The server runs
+# its engine in its I/O threads (engine_threads: 0); the other tests use engine threads of its
+# own.
 source "$(dirname "$0")/lib.sh"
 need sockperf curl
 
 start_server "io_threads: 2
+engine_threads: 0
 log_level: info
 control: { listen: 127.0.0.1:0, secret: $SECRET }
 metrics: { listen: 127.0.0.1:0 }

@@ -181,11 +181,18 @@ TEST(ServerConfig, RdmaQueuePairRetries) {
 TEST(ServerConfig, EngineThreads) {
   EXPECT_EQ(parse(kValid).engine_threads, 1u);
   EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 3\nengine_threads: 4")).engine_threads, 4u);
-  for (const char* bad : {"engine_threads: 0", "engine_threads: 9", "engine_threads: two"}) {
+  // 0: each I/O thread hosts an engine thread.
+  EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 3\nengine_threads: 0")).engine_threads, 0u);
+  for (const char* bad : {"engine_threads: 9", "engine_threads: two", "engine_threads: -1"}) {
     const std::string e = error_of(with("io_threads: 3", std::string("io_threads: 3\n") + bad));
     EXPECT_NE(e.find("test.yaml:2:"), std::string::npos) << bad << ": " << e;
     EXPECT_NE(e.find("engine_threads"), std::string::npos) << bad << ": " << e;
   }
+  // More I/O threads than a server may have engine threads cannot each host one.
+  const std::string e = error_of(with("io_threads: 3", "io_threads: 12\nengine_threads: 0"));
+  EXPECT_NE(e.find("test.yaml:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("engine_threads"), std::string::npos) << e;
+  EXPECT_NE(e.find("io_threads is 12"), std::string::npos) << e;
 }
 
 TEST(ServerConfig, SyntaxErrorCarriesTheParserPosition) {

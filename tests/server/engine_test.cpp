@@ -2,7 +2,9 @@
 // through bind_shm_region as the control endpoint does) served by the CPU accelerator: every
 // request dispatched through the service comes back to the sink of its token, from the engine
 // thread that serves its queue; detach and fail reach every thread's part of the region; commands
-// that come after the stop are settled at once.
+// that come after the stop are settled at once. Each case runs with threads of the engine's own
+// and with hosted threads, whose rounds run in threads that serve an io_context (as snic_server's
+// I/O threads do with `engine_threads: 0`).
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 
@@ -14,6 +16,11 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 
 #include "caracal/accel/cpu.hpp"
 #include "caracal/mqueue/region.hpp"
@@ -68,8 +75,12 @@ class RecordingSink final : public ReplySink {
 
 constexpr uint32_t kQueues = 4;
 
-class EngineTest : public ::testing::TestWithParam<uint32_t> {
+// (engine threads, hosted)
+class EngineTest : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {
  protected:
+  static uint32_t threads() { return std::get<0>(GetParam()); }
+  static bool hosted() { return std::get<1>(GetParam()); }
+
   void SetUp() override {
     // snic_server sets up its logging before any engine thread starts; so does the test.
     // spdlog creates its registry on first use, and two engine threads logging first at once
@@ -79,11 +90,28 @@ class EngineTest : public ::testing::TestWithParam<uint32_t> {
     c.name = "svc";
     c.max_message_bytes = 256;
     c.dispatch = DispatchPolicy::kFlowAffinity;
-    engine_ = std::make_unique<Engine>(replies_, EngineOptions{.threads = GetParam()});
+    engine_ = std::make_unique<Engine>(replies_, EngineOptions{.threads = threads()});
+    if (hosted()) {
+      for (uint32_t i = 0; i < threads(); ++i) {
+        hosts_.push_back(std::make_unique<boost::asio::io_context>(1));
+        engine_->host(i, *hosts_.back());
+      }
+    }
     service_ = std::make_unique<Service>(c, *engine_, metrics_);
     ASSERT_NO_FATAL_FAILURE(region_ = make_region("a"));
     engine_->attach(region_);
     engine_->start();
+    if (hosted()) start_hosts();
+  }
+
+  // One thread per host, as snic_server's I/O threads: a work guard, then the host's loop.
+  void start_hosts() {
+    for (uint32_t i = 0; i < hosts_.size(); ++i) {
+      host_threads_.emplace_back([this, i] {
+        auto guard = boost::asio::make_work_guard(*hosts_[i]);
+        engine_->run_hosted(i);
+      });
+    }
   }
 
   // A region of kQueues server queues, added to the service (not attached).
@@ -103,6 +131,10 @@ class EngineTest : public ::testing::TestWithParam<uint32_t> {
   void TearDown() override {
     if (accelerator_) accelerator_->stop();
     if (engine_) engine_->stop();
+    for (auto& h : hosts_)
+      h->stop();
+    for (auto& t : host_threads_)
+      t.join();
   }
 
   void start_accelerator() {
@@ -134,17 +166,20 @@ class EngineTest : public ::testing::TestWithParam<uint32_t> {
   std::deque<mqueue::ShmMapping> mappings_;
   ReplyTable replies_{4096};
   Registry metrics_;
+  // Before the engine: its wake-ups post to them until it is gone.
+  std::vector<std::unique_ptr<boost::asio::io_context>> hosts_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Service> service_;
   std::shared_ptr<AgentRegion> region_;
   std::shared_ptr<RecordingSink> sink_ = std::make_shared<RecordingSink>();
   std::unique_ptr<accel::CpuAccelerator<Prefix>> accelerator_;
+  std::vector<std::thread> host_threads_;
 };
 
 TEST_P(EngineTest, QueuesAreDealtAmongTheThreads) {
-  EXPECT_EQ(engine_->threads(), GetParam());
+  EXPECT_EQ(engine_->threads(), threads());
   for (uint32_t q = 0; q < kQueues; ++q) {
-    EXPECT_EQ(engine_->thread_of(*region_, q), q % GetParam()) << "queue " << q;
+    EXPECT_EQ(engine_->thread_of(*region_, q), q % threads()) << "queue " << q;
   }
 }
 
@@ -154,16 +189,16 @@ TEST_P(EngineTest, EveryRequestIsAnsweredByTheThreadOfItsQueue) {
   const std::vector<uint64_t> tokens = dispatch(kRequests);
   const auto answers = sink_->wait_for(tokens.size());
   ASSERT_EQ(answers.size(), tokens.size());
-  std::set<uint32_t> threads;
+  std::set<uint32_t> seen;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const auto it = answers.find(tokens[i]);
     ASSERT_NE(it, answers.end()) << "request " << i;
     EXPECT_EQ(it->second.reply.kind, Reply::Kind::kData);
     EXPECT_EQ(it->second.reply.bytes, "re:r" + std::to_string(i));
-    EXPECT_EQ(it->second.thread, (i % kQueues) % GetParam()) << "request " << i;
-    threads.insert(it->second.thread);
+    EXPECT_EQ(it->second.thread, (i % kQueues) % threads()) << "request " << i;
+    seen.insert(it->second.thread);
   }
-  EXPECT_EQ(threads.size(), std::min(GetParam(), kQueues));
+  EXPECT_EQ(seen.size(), std::min(threads(), kQueues));
   EXPECT_EQ(engine_->in_flight(), 0);
 }
 
@@ -226,8 +261,80 @@ TEST_P(EngineTest, CommandsAfterStopAreSettledAtOnce) {
   EXPECT_EQ(engine_->in_flight(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Threads, EngineTest, ::testing::Values(1u, 2u, 3u),
-                         [](const auto& info) { return std::to_string(info.param); });
+// The hosted cases only.
+class HostedEngineTest : public EngineTest {};
+
+TEST_P(HostedEngineTest, HostsServeTheirHandlersBetweenRoundsAndAfterTheStop) {
+  ASSERT_NO_FATAL_FAILURE(start_accelerator());
+  // While the engine runs, a host runs what is posted to it (its sockets' handlers in the
+  // server), and requests are answered at the same time.
+  std::atomic<int> ran{0};
+  for (auto& h : hosts_)
+    boost::asio::post(*h, [&] { ran.fetch_add(1); });
+  const std::vector<uint64_t> tokens = dispatch(200);
+  EXPECT_EQ(sink_->wait_for(tokens.size()).size(), tokens.size());
+  for (int i = 0; i < 1000 && ran.load() < static_cast<int>(hosts_.size()); ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(ran.load(), static_cast<int>(hosts_.size()));
+  // After the engine stops, the hosts still serve their io_contexts until those stop.
+  engine_->stop();
+  std::atomic<int> after{0};
+  for (auto& h : hosts_)
+    boost::asio::post(*h, [&] { after.fetch_add(1); });
+  for (int i = 0; i < 1000 && after.load() < static_cast<int>(hosts_.size()); ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(after.load(), static_cast<int>(hosts_.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, EngineTest,
+                         ::testing::Values(std::tuple{1u, false}, std::tuple{2u, false},
+                                           std::tuple{3u, false}, std::tuple{1u, true},
+                                           std::tuple{2u, true}),
+                         [](const auto& info) {
+                           return (std::get<1>(info.param) ? "hosted" : "") +
+                                  std::to_string(std::get<0>(info.param));
+                         });
+
+INSTANTIATE_TEST_SUITE_P(Threads, HostedEngineTest,
+                         ::testing::Values(std::tuple{1u, true}, std::tuple{2u, true}),
+                         [](const auto& info) {
+                           return "hosted" + std::to_string(std::get<0>(info.param));
+                         });
+
+// A server that stops before its I/O threads reach their loops: the engine settles what it was
+// given on the stopping thread, and the hosts that come later run no round.
+TEST(HostedEngine, StopBeforeTheHostsStart) {
+  ReplyTable replies(64);
+  boost::asio::io_context a(1), b(1);  // before the engine, which posts to them
+  Engine engine(replies, EngineOptions{.threads = 2});
+  engine.host(0, a);
+  engine.host(1, b);
+  engine.start();
+  engine.stop();
+  int done = 0;
+  test::TestRegion r = [&] {
+    mqueue::RegionGeometry g;
+    g.server_queue_count = 2;
+    g.slot_bytes = 64;
+    g.ring_capacity = 64;
+    g.max_message_bytes = 256;
+    return test::make_test_region("stopped", g, 7, nullptr);
+  }();
+  ASSERT_TRUE(r.region);
+  engine.detach(r.region, 10s, [&] { ++done; });
+  EXPECT_EQ(done, 1);
+  std::thread host([&] {
+    auto guard = boost::asio::make_work_guard(a);
+    engine.run_hosted(0);  // no round: straight to a.run()
+  });
+  std::atomic<bool> ran{false};
+  boost::asio::post(a, [&] { ran = true; });
+  for (int i = 0; i < 1000 && !ran; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(ran);
+  a.stop();
+  host.join();
+}
 
 }  // namespace
 }  // namespace caracal::server

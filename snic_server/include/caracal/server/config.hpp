@@ -5,7 +5,9 @@
 //   engine_threads: 1              # mqueue engine threads, 1-8 (default: 1): an shm region's
 //                                  # server queues are dealt among them (queue q to thread
 //                                  # q % engine_threads); rdma regions and client queues stay
-//                                  # on the first. Each thread polls a core while it has work
+//                                  # on the first. Each thread polls a core while it has work.
+//                                  # 0: no engine threads of their own; each I/O thread runs
+//                                  # one between its socket handlers (io_threads at most 8)
 //   log_level: info                # trace, debug, info, warn, error
 //   control:                       # where agents register
 //     listen: 127.0.0.1:7100

@@ -14,6 +14,11 @@
 // that cannot be shared (rdma: one queue pair, one completion queue) and every client queue are
 // served by thread 0.
 //
+// Hosted engine threads (snic_server's `engine_threads: 0`): each I/O thread runs one engine
+// thread's rounds itself, between its socket handlers, instead of handing requests to an engine
+// thread of their own. Nothing then waits for a wake-up between a socket and a ring while the
+// thread polls, and the server needs no core besides its I/O threads'.
+//
 // Backpressure: a queue whose backlog holds a ring's worth of entries is congested; TCP
 // connections stop reading and park on their service until the engine has room again.
 #pragma once
@@ -35,6 +40,10 @@
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/mqueue/status.hpp"
 #include "caracal/server/reply.hpp"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace caracal::server {
 
@@ -148,8 +157,18 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Hosted mode: engine thread `thread` gets no thread of its own. Its rounds run on the
+  // thread that runs `io`, in run_hosted(), between `io`'s handlers, and its wake-ups are posts
+  // to `io`. For every thread, before start().
+  void host(uint32_t thread, boost::asio::io_context& io);
+  // The loop of a hosted thread's host: engine rounds and `io`'s ready handlers in turn while
+  // the engine runs, then io.run() until `io` stops. `io` must have work (a work guard) so that
+  // it does not stop when it runs out of handlers. Call once, from the thread that runs `io`.
+  void run_hosted(uint32_t thread);
+
   void start();
-  // Fails what is still in flight ("server shutting down") and joins the threads.
+  // Fails what is still in flight ("server shutting down") and joins the threads (hosted:
+  // waits until each host has finished its last round).
   void stop();
 
   // The engine owns the region from now on (any thread).

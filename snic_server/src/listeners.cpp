@@ -507,7 +507,8 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
         replies_(deps.replies),
         name_(listener_name(config)),
         stats_(deps.metrics, deps.service.name(), name_),
-        sockets_count_(static_cast<uint32_t>(deps.io.size())) {}
+        sockets_count_(static_cast<uint32_t>(deps.io.size())),
+        engine_hosted_(deps.engine_hosted) {}
 
   Status open() {
     Result<asio::ip::address> address = parse_address(config_.listen);
@@ -582,8 +583,10 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   // load the sends go to the I/O threads, one post per socket and burst: a send costs the sender
   // the network stack's work for the datagram (on loopback likely the receiver's as well), and the
   // engine, which serves every socket, would otherwise be the serial stage.
+  // With the engine in the I/O threads, the sender is an I/O thread: it always sends itself.
   void end_burst(uint32_t thread) override {
-    const bool hand_off = outstanding_.load(std::memory_order_relaxed) >= kHandOffOutstanding;
+    const bool hand_off =
+        !engine_hosted_ && outstanding_.load(std::memory_order_relaxed) >= kHandOffOutstanding;
     for (auto& s : sockets_) {
       std::vector<Datagram>& outgoing = s->outgoing[thread];
       if (outgoing.empty()) continue;
@@ -826,6 +829,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
   std::string name_;
   ListenerStats stats_;
   uint32_t sockets_count_;
+  bool engine_hosted_;
   std::vector<std::unique_ptr<Socket>> sockets_;
   uint16_t port_ = 0;
   // Requests dispatched and not yet answered: incremented by the I/O threads, decremented by

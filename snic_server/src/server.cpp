@@ -45,7 +45,7 @@ Status Server::start() {
   for (auto& s : services_) {
     by_name[s->name()] = s.get();
     for (const ListenerConfig& l : s->config().listeners) {
-      ListenerDeps deps{io_, *s, replies_, metrics_, dpdk_.get()};
+      ListenerDeps deps{io_, *s, replies_, metrics_, dpdk_.get(), config_.engine_threads == 0};
       std::unique_ptr<Listener> listener = make_listener(l, deps);
       if (Status st = listener->start(); !st.ok()) return st;
       spdlog::info("service {}: listening on {} (port {})", s->name(), listener->name(),

@@ -103,6 +103,9 @@ struct ListenerDeps {
   ReplyTable& replies;
   Registry& metrics;
   DpdkPort* dpdk = nullptr;  // the server's DPDK port, for `kind: dpdk` listeners
+  // The engine runs in the I/O threads (engine_threads: 0): an engine thread that sends a burst
+  // itself is an I/O thread already, so a UDP listener never hands a burst to another one.
+  bool engine_hosted = false;
 };
 
 std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps);

@@ -16,7 +16,7 @@ CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
 
 # A long agent timeout: a frozen agent sends no heartbeats and must not be declared lost here.
 start_server "io_threads: 2
-engine_threads: 2
+engine_threads: ${ENGINE_THREADS:-2}
 control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 100, agent_timeout_ms: 20000 }
 metrics: { listen: 127.0.0.1:0 }
 services:

@@ -43,7 +43,7 @@ mc_set greeting "hello from memcached"
 mc_set empty ""
 
 start_server "io_threads: 2
-engine_threads: 2
+engine_threads: ${ENGINE_THREADS:-2}
 control: { listen: 127.0.0.1:0, secret: $SECRET }
 metrics: { listen: 127.0.0.1:0 }
 services:

@@ -134,13 +134,14 @@ YAML
 
 # start_fault_server [CONTROL_KEYS]: the server the fault scripts (agent_loss.sh,
 # tests/rdma/link_fault.sh) run, with two engine threads (an shm region's queues are split
-# between them, an rdma region stays on one): service echo over line-framed TCP with error replies, heartbeats
+# between them, an rdma region stays on one; ENGINE_THREADS=0 runs the engine in the I/O
+# threads instead, as do kv_memcached.sh and backpressure.sh): service echo over line-framed TCP with error replies, heartbeats
 # every 50 ms (CARACAL_E2E_AGENT_TIMEOUT_MS, default 500, lengthens the timeout where they run
 # late, as in the emulated VM), and CONTROL_KEYS (", key: value" ...) added to `control`. Sets
 # PORT to the TCP listener's port and SERVICE to the agents' service entry.
 start_fault_server() {
   start_server "io_threads: 2
-engine_threads: 2
+engine_threads: ${ENGINE_THREADS:-2}
 control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 50, agent_timeout_ms: ${CARACAL_E2E_AGENT_TIMEOUT_MS:-500}${1:-} }
 metrics: { listen: 127.0.0.1:0 }
 services:

@@ -534,6 +534,14 @@ Engine::~Engine() {
   stop();
 }
 
+namespace {
+thread_local int hosted_index = -1;  // see Engine::hosted_thread()
+}  // namespace
+
+int Engine::hosted_thread() {
+  return hosted_index;
+}
+
 void Engine::host(uint32_t thread, boost::asio::io_context& io) {
   threads_.at(thread)->set_host(io);
 }
@@ -626,6 +634,10 @@ void Engine::note_dispatched(const AgentRegion& region, uint32_t queue) {
 
 void Engine::notify() {
   threads_[0]->notify();
+}
+
+int64_t Engine::in_flight(uint32_t thread) const {
+  return threads_[thread]->in_flight();
 }
 
 int64_t Engine::in_flight() const {
@@ -900,6 +912,7 @@ void EngineThread::run_hosted() {
     hosted_running_ = run_rounds;
   }
   if (run_rounds) {
+    hosted_index = static_cast<int>(index_);
     prof::thread_begin();
     uint32_t idle_rounds = 0;
     bool busy = false;
@@ -916,6 +929,7 @@ void EngineThread::run_hosted() {
     }
     finish();
     prof::thread_end();
+    hosted_index = -1;  // the dispatcher no longer favours this thread's queues
     {
       std::lock_guard lock(commands_m_);
       hosted_running_ = false;

@@ -60,27 +60,33 @@ bool Service::congested(const Target& t) const {
 
 bool Service::any_congested() const {
   return with_targets([this](const Targets& t, uint64_t&) {
-    return std::any_of(t.begin(), t.end(), [this](const Target& x) { return congested(x); });
+    return std::any_of(t.all.begin(), t.all.end(),
+                       [this](const Target& x) { return congested(x); });
   });
 }
 
-size_t Service::pick(const Targets& t, uint64_t& next, uint64_t flow) const {
+void Service::index_by_thread(Targets& t) const {
+  t.by_thread.assign(engine_.threads(), {});
+  for (uint32_t i = 0; i < t.all.size(); ++i)
+    t.by_thread[engine_.thread_of(*t.all[i].region, t.all[i].queue)].push_back(i);
+}
+
+template <typename Load>
+size_t Service::pick(size_t n, uint64_t& next, uint64_t flow, Load load) const {
   switch (config_.dispatch) {
     case DispatchPolicy::kRoundRobin:
-      return next++ % t.size();
+      return next++ % n;
     case DispatchPolicy::kFlowAffinity:
-      return flow % t.size();
+      return flow % n;
     case DispatchPolicy::kLeastLoaded: {
       // Start the scan at a rotating position so that ties do not all land on queue 0.
-      const size_t start = next++ % t.size();
+      const size_t start = next++ % n;
       size_t best = start;
       int64_t best_load = INT64_MAX;
-      for (size_t i = 0; i < t.size(); ++i) {
-        const size_t k = (start + i) % t.size();
-        const int64_t load =
-            t[k].region->inbox(t[k].queue).outstanding.load(std::memory_order_relaxed);
-        if (load < best_load) {
-          best_load = load;
+      for (size_t i = 0; i < n; ++i) {
+        const size_t k = (start + i) % n;
+        if (const int64_t l = load(k); l < best_load) {
+          best_load = l;
           best = k;
         }
       }
@@ -93,14 +99,28 @@ size_t Service::pick(const Targets& t, uint64_t& next, uint64_t flow) const {
 DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flow,
                                  bool may_exceed) {
   return with_targets([&](const Targets& t, uint64_t& next) {
-    if (t.empty()) return DispatchStatus::kNoAgent;
-    size_t k = pick(t, next, flow);
+    const size_t n = t.all.size();
+    if (n == 0) return DispatchStatus::kNoAgent;
+    const auto outstanding = [&](size_t i) {
+      return t.all[i].region->inbox(t.all[i].queue).outstanding.load(std::memory_order_relaxed);
+    };
+    // A loaded hosted engine thread's own queues (see Targets::by_thread): the policy picks
+    // among them as it would among all.
+    size_t k = 0;
+    const int host = Engine::hosted_thread();
+    if (host >= 0 && static_cast<size_t>(host) < t.by_thread.size() && !t.by_thread[host].empty() &&
+        engine_.in_flight(static_cast<uint32_t>(host)) >= kLocalInFlight) {
+      const std::vector<uint32_t>& mine = t.by_thread[host];
+      k = mine[pick(mine.size(), next, flow, [&](size_t i) { return outstanding(mine[i]); })];
+    } else {
+      k = pick(n, next, flow, outstanding);
+    }
     Message m{token, 0, std::move(bytes), Clock::now()};
     bool saw_congested = false;
     // A queue can close under us (its agent was lost a moment ago), or be congested; try the
     // others in turn before giving up.
-    for (size_t attempt = 0; attempt < t.size(); ++attempt, k = (k + 1) % t.size()) {
-      const Target& target = t[k];
+    for (size_t attempt = 0; attempt < n; ++attempt, k = (k + 1) % n) {
+      const Target& target = t.all[k];
       const bool full = congested(target);
       saw_congested |= full;
       if (full && !may_exceed) continue;
@@ -130,7 +150,7 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
   std::lock_guard lock(membership_m_);
   auto next = std::make_shared<Targets>(*targets_);
   for (uint32_t q = 0; q < region->server_queues(); ++q) {
-    next->push_back(Target{region, q, h.ring_capacity});
+    next->all.push_back(Target{region, q, h.ring_capacity});
     const Labels labels{
         {"service", config_.name}, {"agent", region->agent()}, {"queue", std::to_string(q)}};
     QueueInbox* inbox = &region->inbox(q);
@@ -156,6 +176,7 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
               return static_cast<double>(inbox->waiting.load(std::memory_order_relaxed));
             }));
   }
+  index_by_thread(*next);
   publish(std::move(next));
   return Status::ok_status();
 }
@@ -163,9 +184,10 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
 void Service::remove(const AgentRegion* region) {
   std::lock_guard lock(membership_m_);
   auto next = std::make_shared<Targets>();
-  for (const Target& t : *targets_) {
-    if (t.region.get() != region) next->push_back(t);
+  for (const Target& t : targets_->all) {
+    if (t.region.get() != region) next->all.push_back(t);
   }
+  index_by_thread(*next);
   publish(std::move(next));
   on_room();  // connections parked on the removed queues would otherwise wait forever
   for (auto it = metric_callbacks_.begin(); it != metric_callbacks_.end();) {
@@ -182,7 +204,7 @@ void Service::remove_all() {
   std::vector<const AgentRegion*> regions;
   {
     std::lock_guard lock(membership_m_);
-    for (const Target& t : *targets_)
+    for (const Target& t : targets_->all)
       regions.push_back(t.region.get());
   }
   for (const AgentRegion* r : regions)
@@ -190,7 +212,7 @@ void Service::remove_all() {
 }
 
 size_t Service::queue_count() const {
-  return with_targets([](const Targets& t, uint64_t&) { return t.size(); });
+  return with_targets([](const Targets& t, uint64_t&) { return t.all.size(); });
 }
 
 void Service::park(std::function<void()> resume) {

@@ -295,6 +295,45 @@ INSTANTIATE_TEST_SUITE_P(Threads, EngineTest,
                                   std::to_string(std::get<0>(info.param));
                          });
 
+TEST_P(HostedEngineTest, ALoadedHostKeepsWhatItReadsOnItsOwnQueues) {
+  ASSERT_NO_FATAL_FAILURE(start_accelerator());
+  // Dispatched from inside the last host's loop, as its sockets' handlers dispatch. While the
+  // host has fewer than Service::kLocalInFlight requests in flight, the policy (flow affinity:
+  // request i to queue i % kQueues) spreads them over every thread's queues; from then on they
+  // go to queues of the host's own engine thread, whatever their flow. The host cannot answer
+  // any of them before the handler returns, so its count only grows meanwhile: with 2 threads,
+  // the odd requests 1 to 15 are its 8th by request 15.
+  const uint32_t host = threads() - 1;
+  const size_t spread = threads() == 1 ? 0 : 16;
+  std::vector<uint64_t> tokens;
+  std::atomic<bool> dispatched{false};
+  boost::asio::post(*hosts_[host], [&] {
+    tokens = dispatch(40);
+    dispatched = true;
+  });
+  for (int i = 0; i < 1000 && !dispatched; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(dispatched);
+  const auto answers = sink_->wait_for(tokens.size());
+  ASSERT_EQ(answers.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto it = answers.find(tokens[i]);
+    ASSERT_NE(it, answers.end()) << "request " << i;
+    EXPECT_EQ(it->second.reply.bytes, "re:r" + std::to_string(i));
+    const uint32_t expected = i < spread ? (i % kQueues) % threads() : host;
+    EXPECT_EQ(it->second.thread, expected) << "request " << i;
+  }
+  // From a thread that hosts nothing, the requests spread over every thread's queues.
+  const std::vector<uint64_t> more = dispatch(8);
+  const auto all = sink_->wait_for(tokens.size() + more.size());
+  std::set<uint32_t> seen;
+  for (const uint64_t t : more) {
+    ASSERT_TRUE(all.contains(t));
+    seen.insert(all.at(t).thread);
+  }
+  EXPECT_EQ(seen.size(), threads());
+}
+
 INSTANTIATE_TEST_SUITE_P(Threads, HostedEngineTest,
                          ::testing::Values(std::tuple{1u, true}, std::tuple{2u, true}),
                          [](const auto& info) {

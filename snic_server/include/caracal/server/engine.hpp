@@ -165,6 +165,9 @@ class Engine {
   // the engine runs, then io.run() until `io` stops. `io` must have work (a work guard) so that
   // it does not stop when it runs out of handlers. Call once, from the thread that runs `io`.
   void run_hosted(uint32_t thread);
+  // The engine thread that the calling thread hosts (in run_hosted()), or -1: the dispatcher
+  // prefers that thread's queues.
+  static int hosted_thread();
 
   void start();
   // Fails what is still in flight ("server shutting down") and joins the threads (hosted:
@@ -189,6 +192,8 @@ class Engine {
 
   // Requests dispatched to some region and not yet answered or failed.
   int64_t in_flight() const;
+  // Requests in flight on one thread's queues (a relaxed read: a hint for the dispatcher).
+  int64_t in_flight(uint32_t thread) const;
   uint32_t threads() const { return static_cast<uint32_t>(threads_.size()); }
   // The thread that serves `queue` of `region` (see the top of this file).
   uint32_t thread_of(const AgentRegion& region, uint32_t queue) const;

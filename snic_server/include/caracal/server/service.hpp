@@ -111,7 +111,19 @@ class Service {
     uint32_t queue = 0;
     uint32_t high_water = 0;  // waiting entries at which the queue counts as congested
   };
-  using Targets = std::vector<Target>;
+  struct Targets {
+    std::vector<Target> all;
+    // The indexes into `all` of the queues engine thread i serves. With the engine in the I/O
+    // threads (Engine::hosted_thread()), a request goes to a queue of the thread that read it
+    // while that thread has kLocalInFlight requests in flight or more, so that under load it
+    // reaches its ring without a hand-off between threads. Below that it may go to any thread:
+    // another thread that polls takes it into its ring while the reading thread is still busy
+    // with its socket, which is quicker for a lone request.
+    std::vector<std::vector<uint32_t>> by_thread;
+  };
+  static constexpr int64_t kLocalInFlight = 8;
+  // `all` filled in: indexes it by engine thread.
+  void index_by_thread(Targets& t) const;
 
   // Copy-on-write membership, one copy per thread shard (thread_shard.hpp). dispatch() reads its
   // thread's copy under that shard's lock, which other threads take only when they share the
@@ -133,7 +145,9 @@ class Service {
   void publish(std::shared_ptr<const Targets> next);  // caller holds membership_m_
   bool congested(const Target& t) const;
   bool any_congested() const;
-  size_t pick(const Targets& t, uint64_t& next, uint64_t flow) const;
+  // A position in [0, n) by the policy; load(i) is the outstanding count of candidate i.
+  template <typename Load>
+  size_t pick(size_t n, uint64_t& next, uint64_t flow, Load load) const;
 
   ServiceConfig config_;
   Engine& engine_;

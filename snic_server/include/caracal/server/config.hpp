@@ -7,7 +7,8 @@
 //                                  # q % engine_threads); rdma regions and client queues stay
 //                                  # on the first. Each thread polls a core while it has work.
 //                                  # 0: no engine threads of their own; each I/O thread runs
-//                                  # one between its socket handlers (io_threads at most 8)
+//                                  # one between its socket handlers (io_threads at most 8),
+//                                  # and under load keeps what it reads on its own queues
 //   log_level: info                # trace, debug, info, warn, error
 //   control:                       # where agents register
 //     listen: 127.0.0.1:7100

@@ -8,6 +8,10 @@
 //    the set of queues does not change.
 // Replies on one TCP connection leave in request order under every policy (the connection
 // reorders them by sequence); flow_affinity only saves the reordering.
+//
+// With the engine in the I/O threads (engine_threads: 0), an I/O thread whose engine thread is
+// loaded applies the policy to its own thread's queues only (see Targets::by_thread). A flow
+// then keeps its queue while the load stays on one side of that line.
 #pragma once
 
 #include <array>

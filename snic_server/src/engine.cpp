@@ -155,7 +155,7 @@ class EngineThread {
 
   EngineThread(Engine& engine, uint32_t index) : engine_(engine), index_(index) {}
 
-  // Hosted mode (EngineOptions::hosted): the thread's rounds run in `io`'s thread, between its
+  // Hosted mode (Engine::host()): the thread's rounds run in `io`'s thread, between its
   // handlers (run_hosted()), and wake-ups are posts to `io`. Set before start().
   void set_host(boost::asio::io_context& io) { host_ = &io; }
   // The host's loop: engine rounds and `io`'s ready handlers in turn until the engine stops,
@@ -225,6 +225,9 @@ class EngineThread {
   const uint32_t index_;
   std::thread thread_;
   boost::asio::io_context* host_ = nullptr;  // hosted mode only; set before start()
+  // Between start() and join(); used by the thread that starts and stops the engine only. A
+  // hosted thread that was never started has nothing to wake, and its host may be gone.
+  bool started_ = false;
   // Hosted mode, under commands_m_: run_hosted() is between its first and its last round.
   bool hosted_running_ = false;
   std::condition_variable hosted_done_;  // hosted_running_ went false (with commands_m_)
@@ -657,6 +660,7 @@ void EngineThread::start() {
     exited_ = false;
   }
   stopping_.store(false);
+  started_ = true;
   if (host_ != nullptr) return;  // the host's thread runs the rounds (run_hosted())
   thread_ = std::thread([this] {
     // Thread 0 keeps the name it had before there were several; names stay within 15 bytes.
@@ -670,7 +674,7 @@ void EngineThread::start() {
 }
 
 void EngineThread::request_stop() {
-  if (!thread_.joinable() && host_ == nullptr) return;
+  if (!started_) return;
   // Once is enough: a second stop (the engine's destructor after Engine::stop) wakes nobody,
   // and must not post to a host that may be gone by then.
   if (stopping_.exchange(true)) return;
@@ -684,6 +688,7 @@ void EngineThread::join() {
   // A host that has not entered run_hosted() yet finds exited_ set when it does, and runs no
   // round at all.
   hosted_done_.wait(lock, [this] { return !hosted_running_; });
+  started_ = false;
   // The thread has failed what it served; nothing runs its commands from now on. The reply
   // state settle() uses (to_flush_, the sinks' element index_) is this thread's, and with the
   // thread gone only settle() touches it, always under commands_m_.

@@ -9,6 +9,7 @@
 // replies of one TCP connection.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/ip/udp.hpp>
 #include <cstdint>

@@ -178,6 +178,50 @@ __global__ void step_responder(uint32_t* ping, uint32_t* pong, uint4* data, uint
   }
 }
 
+// Low-latency lines (the "LL" idea of NCCL's protocol of that name): every 8-byte word carries
+// 4 bytes of data and, in its upper half, a 4-byte flag that the writer sets to the round trip's
+// number. An aligned 8-byte store (x86) and an aligned 8-byte load (`ld.relaxed.sys.b64`) are
+// single-copy atomic, so a reader that sees the flag in a word sees that word's data: a line is
+// discovered and read by the same load, with no fence on either side and no dependent read.
+inline constexpr uint32_t kLlLineOffset = 1024;   // request line, in the flags mapping
+inline constexpr uint32_t kLlReplyOffset = 2048;  // reply line (kind 7)
+
+__device__ inline uint64_t ll_load(uint64_t* w) {
+  return cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*w).load(
+      cuda::std::memory_order_relaxed);
+}
+
+// kind 5: a warp polls a 256-byte LL request line (one word a lane) until every lane sees round
+// i, then answers like the other steps (fence, flag); 6: the same with a 128-byte line (16
+// lanes); 7: 256 bytes in, and the reply is a 256-byte LL line too (no fence); 8: as 5, with a
+// 64 B write before the fence (an LL RX ring with today's TX).
+__global__ void ll_responder(uint32_t* pong, uint64_t* line, uint64_t* reply, uint4* data,
+                             uint32_t count, int kind) {
+  const uint32_t lane = threadIdx.x;
+  const uint32_t words = kind == 6 ? 16 : 32;
+  for (uint32_t i = 1; i <= count; ++i) {
+    uint32_t spins = 0;
+    uint64_t w = 0;
+    for (;;) {
+      w = lane < words ? ll_load(line + lane) : uint64_t{i} << 32;
+      if (__all_sync(0xffffffffu, static_cast<uint32_t>(w >> 32) == i)) break;
+      if (++spins > (1u << 28)) return;  // the driver is gone
+    }
+    const uint32_t value = static_cast<uint32_t>(w);  // the driver writes i into every word
+    if (kind == 7) {
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(reply[lane]).store(
+          (uint64_t{i} << 32) | value, cuda::std::memory_order_relaxed);
+      continue;
+    }
+    if (kind == 8 && lane < 4) data[8 + lane] = uint4{value, value, value, value};
+    __syncwarp();
+    if (lane == 0) {
+      mqueue::fence_release();
+      mqueue::store_relaxed(pong, value);
+    }
+  }
+}
+
 // Shared between the bench and its driver child (MAP_SHARED before the fork).
 struct Shared {
   std::atomic<uint32_t> go{0};
@@ -232,7 +276,7 @@ std::string run_pair(Shared* shared, const std::function<void()>& driver,
   return "";
 }
 
-// kind < 0: the flag responder (the floor); otherwise step_responder of that kind.
+// kind < 0: the flag responder (the floor); 0-4: step_responder of that kind; 5-8: ll_responder.
 LatencySummary measure_floor(uint32_t count, int kind = -1) {
   Shared* shared = map_shared(count);
   Result<mqueue::ShmMapping> flags = mqueue::ShmMapping::create_memfd("gpu-bench-flags", 4096);
@@ -244,10 +288,28 @@ LatencySummary measure_floor(uint32_t count, int kind = -1) {
   const std::string err = run_pair(
       shared,
       [&] {
+        auto* line = reinterpret_cast<uint64_t*>(flags->data() + kLlLineOffset);
+        auto* reply = reinterpret_cast<uint64_t*>(flags->data() + kLlReplyOffset);
+        const uint32_t words = kind == 6 ? 16 : 32;
         for (uint32_t i = 1; i <= count; ++i) {
           const uint64_t t0 = now_ns();
-          mqueue::store_release(ping, i);
-          while (mqueue::load_acquire(pong) != i) {
+          if (kind < 5) {
+            mqueue::store_release(ping, i);
+          } else {
+            // Relaxed 8-byte stores: each word carries its own flag, no order between them.
+            for (uint32_t w = 0; w < words; ++w)
+              std::atomic_ref<uint64_t>(line[w]).store((uint64_t{i} << 32) | i,
+                                                       std::memory_order_relaxed);
+          }
+          if (kind == 7) {
+            for (uint32_t w = 0; w < 32; ++w) {
+              while (std::atomic_ref<uint64_t>(reply[w]).load(std::memory_order_relaxed) >> 32 !=
+                     i) {
+              }
+            }
+          } else {
+            while (mqueue::load_acquire(pong) != i) {
+            }
           }
           shared->samples[i - 1] = now_ns() - t0;
         }
@@ -264,9 +326,14 @@ LatencySummary measure_floor(uint32_t count, int kind = -1) {
         auto* d_pong = reinterpret_cast<uint32_t*>(range.device() + 64);
         if (kind < 0) {
           flag_responder<<<1, 1, 0, stream.get()>>>(d_ping, d_pong, count);
-        } else {
+        } else if (kind < 5) {
           step_responder<<<1, 32, 0, stream.get()>>>(
               d_ping, d_pong, reinterpret_cast<uint4*>(range.device() + 1024), count, kind);
+        } else {
+          ll_responder<<<1, 32, 0, stream.get()>>>(
+              d_pong, reinterpret_cast<uint64_t*>(range.device() + kLlLineOffset),
+              reinterpret_cast<uint64_t*>(range.device() + kLlReplyOffset),
+              reinterpret_cast<uint4*>(range.device() + 3072), count, kind);
         }
         return accel::gpu::cuda_status(cudaGetLastError(), "flag responder");
       },
@@ -546,9 +613,12 @@ int main(int argc, char** argv) {
                 rtt_single.p99_ns / 1e3);
     static const char* const kStepNames[] = {
         "warp polls the flag (floor in a warp)", "+ 64 B read", "+ 16 B read, then 64 B read",
-        "+ 64 B read, 64 B write", "+ 64 B read, 64 B write, flag read again"};
+        "+ 64 B read, 64 B write", "+ 64 B read, 64 B write, flag read again",
+        "LL request line of 256 B polled by the warp (no flag read)", "LL request line of 128 B",
+        "LL request line of 256 B, LL reply line of 256 B (no fence)",
+        "LL request line of 256 B, 64 B write"};
     std::vector<LatencySummary> steps;
-    for (int k = 0; k < 5; ++k) {
+    for (int k = 0; k < 9; ++k) {
       steps.push_back(measure_floor(samples, k));
       std::printf("step %d (%s): p50 %.2f us p99 %.2f us\n", k, kStepNames[k],
                   steps.back().p50_ns / 1e3, steps.back().p99_ns / 1e3);

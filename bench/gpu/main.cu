@@ -209,8 +209,8 @@ __global__ void ll_responder(uint32_t* pong, uint64_t* line, uint64_t* reply, ui
     }
     const uint32_t value = static_cast<uint32_t>(w);  // the driver writes i into every word
     if (kind == 7) {
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(reply[lane]).store(
-          (uint64_t{i} << 32) | value, cuda::std::memory_order_relaxed);
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(reply[lane])
+          .store((uint64_t{i} << 32) | value, cuda::std::memory_order_relaxed);
       continue;
     }
     if (kind == 8 && lane < 4) data[8 + lane] = uint4{value, value, value, value};
@@ -345,6 +345,10 @@ LatencySummary measure_floor(uint32_t count, int kind = -1) {
 
 // --- through the rings ----------------------------------------------------------------------
 
+// --rx-lines: every region of the run announces its RX entries in LL lines
+// (mqueue/layout.hpp), which the kernel polls instead of the tails.
+bool g_rx_lines = false;
+
 struct RingSetup {
   uint32_t queues = 1;
   uint32_t message = 64;
@@ -358,6 +362,7 @@ mqueue::ShmMapping make_region(const RingSetup& r) {
   g.slot_bytes = r.slot_bytes;
   g.ring_capacity = r.capacity;
   g.max_message_bytes = r.message;
+  g.rx_lines = g_rx_lines;
   Result<mqueue::ShmMapping> m = mqueue::create_shm_region(g, 1, "gpu-bench");
   if (!m.ok()) throw std::runtime_error(m.status().message());
   return std::move(m).value();
@@ -592,6 +597,7 @@ int main(int argc, char** argv) {
   app.add_option("--driver-threads", max_threads, "most SmartNIC-side threads");
   bool latency_only = false;
   app.add_flag("--latency-only", latency_only, "only the latency measurements");
+  app.add_flag("--rx-lines", g_rx_lines, "regions with RX lines (the kernel polls LL lines)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -612,9 +618,13 @@ int main(int argc, char** argv) {
     std::printf("rtt 64 B, burst 1: p50 %.2f us p99 %.2f us\n", rtt_single.p50_ns / 1e3,
                 rtt_single.p99_ns / 1e3);
     static const char* const kStepNames[] = {
-        "warp polls the flag (floor in a warp)", "+ 64 B read", "+ 16 B read, then 64 B read",
-        "+ 64 B read, 64 B write", "+ 64 B read, 64 B write, flag read again",
-        "LL request line of 256 B polled by the warp (no flag read)", "LL request line of 128 B",
+        "warp polls the flag (floor in a warp)",
+        "+ 64 B read",
+        "+ 16 B read, then 64 B read",
+        "+ 64 B read, 64 B write",
+        "+ 64 B read, 64 B write, flag read again",
+        "LL request line of 256 B polled by the warp (no flag read)",
+        "LL request line of 128 B",
         "LL request line of 256 B, LL reply line of 256 B (no fence)",
         "LL request line of 256 B, 64 B write"};
     std::vector<LatencySummary> steps;
@@ -694,6 +704,8 @@ int main(int argc, char** argv) {
     j.value(
         "shm: memfd region registered with cudaHostRegister(Mapped); SmartNIC side in a "
         "separate process that never touches CUDA");
+    j.key("rx_lines");
+    j.value(g_rx_lines);
     j.key("floor_flag_pingpong");
     write_latency(j, floor);
     j.key("rtt_echo_64B");
@@ -761,7 +773,9 @@ int main(int argc, char** argv) {
     std::ofstream md(md_path);
     md << "# GPU accelerator over shm: " << gpu->str() << "\n\n";
     md << "Date " << machine.date_utc << ", commit " << commit << ", CPU " << machine.cpu_model
-       << " (" << machine.online_cpus << " online).\n\n";
+       << " (" << machine.online_cpus << " online). Regions "
+       << (g_rx_lines ? "with RX lines (the kernel polls LL lines, not tails)" : "without RX lines")
+       << ".\n\n";
     md << "| round trip, 64 B | p50 | p90 | p99 | p99.9 |\n| --- | --- | --- | --- | --- |\n";
     auto row = [&](const char* what, const LatencySummary& s) {
       md << "| " << what << " | " << s.p50_ns / 1e3 << " us | " << s.p90_ns / 1e3 << " us | "

@@ -374,8 +374,8 @@ Status AgentRuntime::Impl::start_in_device_memory(const ServiceConfig& service, 
     return Status(caps.status().code(),
                   who + "cannot place its region in GPU memory: " + caps.status().message());
   }
-  Result<std::unique_ptr<DeviceRegionServing>> serving =
-      backends.gpu->start_in_device_memory(service.geometry(), epoch, accelerator.gpu, config.gpu);
+  Result<std::unique_ptr<DeviceRegionServing>> serving = backends.gpu->start_in_device_memory(
+      service.geometry(/*gpu_across_pcie=*/false), epoch, accelerator.gpu, config.gpu);
   if (!serving.ok()) {
     return Status(serving.status().code(),
                   who + "cannot start the " + accelerator.str() +
@@ -395,11 +395,13 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
   served.service = &service;
   const bool in_device_memory =
       config.transport == TransportKind::kRdma && config.rdma.region_memory == RegionMemory::kGpu;
+  const mqueue::RegionGeometry geometry =
+      service.geometry(accelerator.kind == AcceleratorKind::kGpu && !in_device_memory);
   if (in_device_memory) {
     if (Status s = start_in_device_memory(service, epoch, served); !s.ok()) return s;
   } else if (config.transport == TransportKind::kShm) {
     const std::string name = region_shm_name(config.agent, pid, service.name);
-    Result<NamedShmRegion> region = NamedShmRegion::create(name, service.geometry(), epoch);
+    Result<NamedShmRegion> region = NamedShmRegion::create(name, geometry, epoch);
     if (!region.ok()) {
       return Status(
           region.status().code(),
@@ -409,9 +411,8 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
   } else {
     // rdma: the region in host memory (a memfd mapping, so it shows in /proc/PID/fd), written
     // before the exporter registers it and before the announcement: plain stores suffice.
-    const mqueue::RegionGeometry g = service.geometry();
-    if (Status s = mqueue::validate_geometry(g); !s.ok()) return s;
-    const mqueue::RegionHeader header = mqueue::compute_layout(g, epoch);
+    if (Status s = mqueue::validate_geometry(geometry); !s.ok()) return s;
+    const mqueue::RegionHeader header = mqueue::compute_layout(geometry, epoch);
     Result<mqueue::ShmMapping> m = mqueue::ShmMapping::create_memfd(
         "caracal-" + config.agent + "-" + service.name, header.region_bytes);
     if (!m.ok()) {
@@ -595,13 +596,13 @@ Outcome AgentRuntime::Impl::serve(Connection& conn) {
         const mqueue::RegionHeader& h = served.header();
         spdlog::info(
             "service '{}' attached: region {} ({} bytes, {} server queue(s), {} client "
-            "queue(s), {} slots of {} bytes){}",
+            "queue(s), {} slots of {} bytes{}){}",
             a->service,
             config.transport == TransportKind::kShm ? served.region.name()
             : served.device_region != nullptr       ? "in " + accelerator.str() + " memory"
                                                     : std::string("in host memory"),
             served.bytes(), h.server_queue_count, h.client_queue_count, h.ring_capacity,
-            h.slot_bytes,
+            h.slot_bytes, mqueue::has_rx_lines(h) ? ", RX lines" : "",
             config.transport == TransportKind::kShm ? "; name removed" : ", transport rdma");
         awaiting = false;
         ++next_service;

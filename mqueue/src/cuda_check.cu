@@ -7,7 +7,7 @@
 
 namespace caracal::mqueue {
 
-static_assert(sizeof(RegionHeader) == 88, "device and host agree on the header");
+static_assert(sizeof(RegionHeader) == 112, "device and host agree on the header");
 static_assert(sizeof(SlotHeader) == kSlotHeaderBytes, "device and host agree on slots");
 
 __global__ void mqueue_device_echo_check(std::byte* region, uint32_t queue) {

@@ -3,7 +3,9 @@
 # to two echo agents (4 queues, round-robin, so one connection's requests are served by
 # different queues, agents and engine threads): every reply must be correct and in request order.
 # ENGINE_THREADS (default 2) is the server's engine_threads; e2e.pipeline_hosted runs it with 0
-# (each I/O thread runs an engine thread between its socket handlers).
+# (each I/O thread runs an engine thread between its socket handlers). RX_LINES (on, off; unset:
+# the agent's default) is the first agent's rx_lines: e2e.pipeline_hosted turns it on, so one
+# agent finds its requests through RX lines and the other through the tails.
 source "$(dirname "$0")/lib.sh"
 need curl
 CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
@@ -19,9 +21,13 @@ services:
     listeners:
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
       - { protocol: tcp, listen: 127.0.0.2:0, framing: { kind: line } }"
-SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 1024 }"
-start_agent echo-1 "$ECHO_AGENT" "$SERVICE"
-start_agent echo-2 "$ECHO_AGENT" "$SERVICE"
+SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 1024"
+start_agent echo-1 "$ECHO_AGENT" "$SERVICE${RX_LINES:+, rx_lines: $RX_LINES} }"
+start_agent echo-2 "$ECHO_AGENT" "$SERVICE }"
+if [ "${RX_LINES:-}" = on ]; then
+  grep -q "agent 'echo-1' region for service 'echo' attached.*RX lines" "$WORK/server.log" ||
+    fail "echo-1's region has no RX lines"
+fi
 LP=$(port_of "tcp/127.0.0.1:0")
 LINE=$(port_of "tcp/127.0.0.2:0")
 

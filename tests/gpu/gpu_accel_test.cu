@@ -103,8 +103,10 @@ void expect_echoed(const std::vector<std::vector<PendingRequest>>& requests,
   }
 }
 
-mqueue::RegionGeometry multi_slot_geometry(uint32_t server_queues, uint32_t client_queues = 0) {
+mqueue::RegionGeometry multi_slot_geometry(uint32_t server_queues, uint32_t client_queues = 0,
+                                           bool rx_lines = false) {
   mqueue::RegionGeometry g;
+  g.rx_lines = rx_lines;
   g.server_queue_count = server_queues;
   g.client_queue_count = client_queues;
   g.slot_bytes = 64;
@@ -142,13 +144,13 @@ using Shapes =
                      BatchEcho<Granularity::kWarp, 16>, BatchEcho<Granularity::kBlock, 4>>;
 TYPED_TEST_SUITE(GpuEcho, Shapes);
 
-TYPED_TEST(GpuEcho, EveryReplyCorrectAndInOrderOverMappedShm) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const mqueue::RegionGeometry g = multi_slot_geometry(4);
+template <class H>
+void echo_over_mapped_shm(bool rx_lines) {
+  const mqueue::RegionGeometry g = multi_slot_geometry(4, 0, rx_lines);
   MappedShm shm(g);
   GpuOptions options;
   options.workers = 2;  // two queues per worker
-  GpuAccelerator<TypeParam> acc(shm.region(), TypeParam{}, options, 0);
+  GpuAccelerator<H> acc(shm.region(), H{}, options, 0);
   Status s = acc.start();
   ASSERT_TRUE(s.ok()) << s.message();
   const uint32_t per_queue = messages(3000);
@@ -163,6 +165,18 @@ TYPED_TEST(GpuEcho, EveryReplyCorrectAndInOrderOverMappedShm) {
   for (uint32_t w = 0; w < acc.workers(); ++w)
     errors += acc.counters(w).handler_errors + acc.counters(w).corrupt_entries;
   EXPECT_EQ(errors, 0u);
+}
+
+TYPED_TEST(GpuEcho, EveryReplyCorrectAndInOrderOverMappedShm) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  echo_over_mapped_shm<TypeParam>(false);
+}
+
+// Requests found through RX lines: short ones from the line itself (warps and blocks), long
+// ones and skips announced there and read from the slots.
+TYPED_TEST(GpuEcho, EveryReplyCorrectAndInOrderWithRxLines) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  echo_over_mapped_shm<TypeParam>(true);
 }
 
 // --- a region in device memory, reached by the copy engine ---------------------------------
@@ -219,9 +233,8 @@ struct CallThrough {
   }
 };
 
-TEST(GpuClientQueues, HandlersCallOutAndGetTheirReplies) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const mqueue::RegionGeometry g = multi_slot_geometry(2, 2);
+void call_out(bool rx_lines) {
+  const mqueue::RegionGeometry g = multi_slot_geometry(2, 2, rx_lines);
   MappedShm shm(g);
   GpuAccelerator<CallThrough> acc(shm.region(), CallThrough{}, {}, 0);
   Status s = acc.start();
@@ -268,11 +281,21 @@ TEST(GpuClientQueues, HandlersCallOutAndGetTheirReplies) {
   stop_ok(acc);
 }
 
+TEST(GpuClientQueues, HandlersCallOutAndGetTheirReplies) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  call_out(false);
+}
+
+// The replies on client queues come through RX lines too.
+TEST(GpuClientQueues, HandlersCallOutAndGetTheirRepliesWithRxLines) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  call_out(true);
+}
+
 // --- lifecycle ------------------------------------------------------------------------------
 
-TEST(GpuLifecycle, StopThenRestartResumesWhereItLeftOff) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const mqueue::RegionGeometry g = multi_slot_geometry(2);
+void stop_then_restart(bool rx_lines) {
+  const mqueue::RegionGeometry g = multi_slot_geometry(2, 0, rx_lines);
   MappedShm shm(g);
   using H = Echo<Granularity::kWarp>;
   GpuAccelerator<H> acc(shm.region(), H{}, {}, 0);
@@ -301,6 +324,17 @@ TEST(GpuLifecycle, StopThenRestartResumesWhereItLeftOff) {
   ASSERT_TRUE(shm.driver.exchange(second, later, second[0].size()));
   expect_echoed(second, later);
   stop_ok(acc);
+}
+
+TEST(GpuLifecycle, StopThenRestartResumesWhereItLeftOff) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  stop_then_restart(false);
+}
+
+// With RX lines the restarted kernel also resumes at the entry count the last one published.
+TEST(GpuLifecycle, StopThenRestartResumesWhereItLeftOffWithRxLines) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  stop_then_restart(true);
 }
 
 TEST(GpuLifecycle, StopWordRaisedByThePeerEndsTheKernel) {

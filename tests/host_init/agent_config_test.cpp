@@ -286,6 +286,23 @@ TEST(AgentConfig, BadRingGeometryIsRefusedAtTheField) {
   expect_error(with("queues: 2", "queues: 0"), "11:13", {"services[0].queues", "out of range"});
 }
 
+TEST(AgentConfig, RxLines) {
+  // auto (the default): on only for a GPU polling its region across PCIe.
+  const ServiceConfig& echo = parse(kValid).services[0];
+  EXPECT_EQ(echo.rx_lines, RxLines::kAuto);
+  EXPECT_FALSE(echo.geometry().rx_lines);
+  EXPECT_TRUE(echo.geometry(/*gpu_across_pcie=*/true).rx_lines);
+  const ServiceConfig on = parse(with("queues: 2", "queues: 2\n    rx_lines: on")).services[0];
+  EXPECT_EQ(on.rx_lines, RxLines::kOn);
+  EXPECT_TRUE(on.geometry().rx_lines);
+  const ServiceConfig off = parse(with("queues: 2", "queues: 2\n    rx_lines: off")).services[0];
+  EXPECT_FALSE(off.geometry(/*gpu_across_pcie=*/true).rx_lines);
+  EXPECT_EQ(parse(with("queues: 2", "queues: 2\n    rx_lines: auto")).services[0].rx_lines,
+            RxLines::kAuto);
+  expect_error(with("queues: 2", "queues: 2\n    rx_lines: sometimes"), "12:15",
+               {"services[0].rx_lines", "'sometimes' is not a boolean"});
+}
+
 TEST(AgentConfig, UnknownKeysAreRefused) {
   expect_error(with("log_level: debug", "log_levle: debug"), "6:1",
                {"unknown setting 'log_levle'", "log_level"});

@@ -23,6 +23,7 @@ struct Case {
   uint32_t slot_bytes;
   uint32_t ring_capacity;
   uint32_t max_message_bytes;
+  bool rx_lines = false;
 };
 
 void echo_every_size(const Case& c) {
@@ -31,6 +32,7 @@ void echo_every_size(const Case& c) {
   g.slot_bytes = c.slot_bytes;
   g.ring_capacity = c.ring_capacity;
   g.max_message_bytes = c.max_message_bytes;
+  g.rx_lines = c.rx_lines;
   const std::string name = region_shm_name("echo-test", getpid(), "echo");
   Result<NamedShmRegion> region = NamedShmRegion::create(name, g, fresh_epoch());
   ASSERT_TRUE(region.ok()) << region.status().message();
@@ -74,6 +76,11 @@ TEST(AgentEcho, ShippedGeometryTwoQueues) {
 
 TEST(AgentEcho, MultiSlotMessagesTwoWorkers) {
   echo_every_size({3, 2, 64, 32, 16 * 64 - mqueue::kSlotHeaderBytes});
+}
+
+// The CPU workers find requests through RX lines: short ones inline, long ones in the slots.
+TEST(AgentEcho, RxLinesTwoWorkers) {
+  echo_every_size({3, 2, 64, 32, 16 * 64 - mqueue::kSlotHeaderBytes, /*rx_lines=*/true});
 }
 
 }  // namespace

@@ -227,6 +227,42 @@ TEST_F(RemoteRingTest, SkipMarkerIsPostedWithItsOwnWrite) {
   EXPECT_EQ(rx.tail(), 11u);
 }
 
+TEST(RemoteRingLines, TheLineIsPostedAfterTheEntryAndTheEntryCountBeforeTheTail) {
+  RegionGeometry g = kGeometry;
+  g.rx_lines = true;
+  LocalRegion region(g);
+  const RegionHeader& h = region.header();
+  AsyncTransport transport(region.base(), h.region_bytes);
+  Result<RemoteRegion<AsyncTransport>> remote = RemoteRegion<AsyncTransport>::attach(&transport);
+  ASSERT_TRUE(remote.ok()) << remote.status().message();
+  transport.clear_log();
+  RemoteRingProducer<AsyncTransport>& rx = remote->rx(1);
+  ASSERT_TRUE(rx.has_lines());
+  ASSERT_TRUE(push_message(rx, numbered_bytes(100, 1), 0xAB));
+  rx.publish();
+  ASSERT_EQ(transport.log().size(), 4u);
+  EXPECT_EQ(transport.log()[0].kind, Kind::kWrite);  // the entry
+  EXPECT_EQ(transport.log()[0].offset, rx_ring_offset(h, 1));
+  EXPECT_EQ(transport.log()[1].kind, Kind::kWrite);  // its line, whole
+  EXPECT_EQ(transport.log()[1].offset, rx_lines_offset(h, 1));
+  EXPECT_EQ(transport.log()[1].length, kLineBytes);
+  EXPECT_EQ(transport.log()[2].kind, Kind::kIndex);  // the entry count
+  EXPECT_EQ(transport.log()[2].offset, index_offset(h, IndexArray::kRxTail, 1) + 4);
+  EXPECT_EQ(transport.log()[2].value, 1u);
+  EXPECT_EQ(transport.log()[3].kind, Kind::kIndex);  // the tail
+  EXPECT_EQ(transport.log()[3].value, 2u);
+
+  // The consumer sees the entry once the line has landed, whatever the tail says.
+  RingConsumer consumer = region.view().rx_consumer(1);
+  (void)transport.progress();
+  EXPECT_FALSE(pop_message(consumer).has_value());
+  (void)transport.progress();
+  std::optional<Message> m = pop_message(consumer);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->payload, numbered_bytes(100, 1));
+  EXPECT_EQ(m->token, 0xABu);
+}
+
 TEST_F(RemoteRingTest, HeadIsReadOnlyWhenCreditsRunOutAndUsedOnlyOnceRead) {
   RemoteRingProducer<AsyncTransport>& rx = remote_->rx(0);
   for (uint32_t i = 0; i < kGeometry.ring_capacity; ++i) {

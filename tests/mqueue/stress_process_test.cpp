@@ -151,8 +151,9 @@ TEST(ProcessStress, EchoThroughAnInheritedMemfd) {
                    test::stress_messages());
 }
 
-TEST(ProcessStress, EchoThroughANamedShmObject) {
-  const RegionGeometry g{2, 2, 128, 32, 16 * 128 - kSlotHeaderBytes};
+// With RX lines: the peer learns of them from the header.
+TEST(ProcessStress, EchoThroughANamedShmObjectWithRxLines) {
+  const RegionGeometry g{2, 2, 128, 32, 16 * 128 - kSlotHeaderBytes, /*rx_lines=*/true};
   const RegionHeader header = compute_layout(g, 3);
   const std::string name = test::unique_shm_name("proc-stress");
   Result<ShmMapping> nic = ShmMapping::create_named(name, header.region_bytes);

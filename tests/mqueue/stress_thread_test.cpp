@@ -37,7 +37,15 @@ INSTANTIATE_TEST_SUITE_P(
         StressCase{"SmallSlots", stress::stress_geometry()},
         // Messages of exactly half the ring, the largest validate_geometry allows: the worst
         // case for skips (see RingLiveness).
-        StressCase{"HalfRingMessages", RegionGeometry{2, 1, 128, 16, 8 * 128 - kSlotHeaderBytes}}),
+        StressCase{"HalfRingMessages", RegionGeometry{2, 1, 128, 16, 8 * 128 - kSlotHeaderBytes}},
+        // The same small slots with RX lines: the accelerator finds entries through the lines
+        // (short ones inline, long ones and skips announced there), never through the tail.
+        StressCase{"SmallSlotsRxLines",
+                   [] {
+                     RegionGeometry g = stress::stress_geometry();
+                     g.rx_lines = true;
+                     return g;
+                   }()}),
     [](const ::testing::TestParamInfo<StressCase>& info) { return info.param.name; });
 
 TEST_P(ThreadStressTest, EchoWithoutLossDuplicationOrReordering) {

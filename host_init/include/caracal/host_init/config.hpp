@@ -24,6 +24,9 @@
 //       ring_capacity: 256         # slots per ring, power of two (default 256)
 //       slot_bytes: 256            # power of two (default 256)
 //       max_message_bytes: 1024    # largest request or reply; at most half a ring
+//       rx_lines: auto             # auto (default), on or off: announce every request in an LL
+//                                  # line that the accelerator polls (mqueue/layout.hpp); auto
+//                                  # is on for a GPU polling a region in host memory
 //       client_queues:             # optional; client queue c calls client_queues[c]
 //         - { destination: memcached }
 #pragma once
@@ -71,15 +74,23 @@ struct ClientQueueConfig {
   std::string destination;  // a destination of the server's config
 };
 
+// Whether a service's region has RX lines (mqueue/layout.hpp). They save a GPU that polls its
+// rings across PCIe one read per request; a CPU, or a GPU polling its own memory, gains nothing
+// and the SmartNIC writes a line more per request.
+enum class RxLines : uint8_t { kAuto, kOn, kOff };
+
 struct ServiceConfig {
   std::string name;
   uint32_t queues = 1;
   uint32_t ring_capacity = 256;
   uint32_t slot_bytes = 256;
   uint32_t max_message_bytes = 0;
+  RxLines rx_lines = RxLines::kAuto;
   std::vector<ClientQueueConfig> client_queues;
 
-  mqueue::RegionGeometry geometry() const;
+  // `gpu_across_pcie`: the accelerator that serves the region is a GPU and the region is in
+  // host memory, which is what rx_lines `auto` turns lines on for.
+  mqueue::RegionGeometry geometry(bool gpu_across_pcie = false) const;
   // Client queue destinations in client-queue order, as the region announcement lists them.
   std::vector<std::string> destinations() const;
 };

@@ -11,6 +11,8 @@
 //   [rings]         For queue q: its RX ring (SmartNIC -> accelerator) and its TX ring
 //                   (accelerator -> SmartNIC), each `ring_capacity` slots of `slot_bytes`, each
 //                   starting on a page.
+//   [RX lines]      Only with kFeatureRxLines: for queue q, `ring_capacity` lines of kLineBytes
+//                   that announce its RX entries (see "RX lines" below).
 //
 // Queues 0..server_queue_count-1 are server queues (RX carries client requests, TX carries
 // replies); the following client_queue_count queues are client queues (TX carries a handler's
@@ -27,7 +29,7 @@
 namespace caracal::mqueue {
 
 inline constexpr uint64_t kRegionMagic = 0x3151'4D4C'4352'4143ULL;  // "CARCLMQ1", little-endian
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 
 // 64 bytes: the coherence unit of the x86 and Arm (BlueField) cores that share these words.
 inline constexpr uint32_t kControlLineBytes = 64;
@@ -63,6 +65,61 @@ enum SlotFlags : uint16_t {
 };
 inline constexpr uint16_t kKnownSlotFlags = kSlotSkip | kSlotError | kSlotNoReply;
 
+// RX lines (kFeatureRxLines). Across PCIe the ring protocol costs the accelerator two reads in
+// a row for every burst: the tail, then the entry it covers (the entry may be read only after
+// the tail that publishes it). With RX lines, the SmartNIC also announces every RX entry, skip
+// markers included, in a line of its own, and the accelerator polls the line instead of the
+// tail: the line's first read both discovers the entry and, for a short one, delivers it.
+//  - A line is kLineWords 8-byte words. Each word holds 4 bytes of data in its low half and a
+//    4-byte flag in its high half (NCCL's "LL" encoding). An aligned 8-byte store and an aligned
+//    8-byte load are single-copy atomic on both sides of PCIe (and for an RDMA WRITE's DMA), so
+//    a reader that sees a word's flag sees that word's data, whatever order the words land in.
+//  - The words' data, in order, are the entry's SlotHeader and then up to kLineInlineBytes of its
+//    payload, zero-padded. The entry is still written in full into its slots, where a consumer
+//    may read it in place; the line only adds a copy of a short payload.
+//  - Lines are indexed by entry, not slot: entry n (counting every entry and skip marker since
+//    the region was created, modulo 2^32) uses line n % ring_capacity, and every word of it
+//    carries the flag line_flag(n). Each line is rewritten every ring_capacity entries, so a
+//    stale line carries the flag of n - ring_capacity and never passes for entry n; a zeroed
+//    line passes for no entry of the first lap. At most ring_capacity entries are unread (each
+//    takes at least one slot), so the producer never overwrites a line that is still unread.
+//  - Order: the producer writes the entry's slots, then the line's first word with release,
+//    then the other words. A consumer that finds every flag it needs in place and reads the
+//    payload from the slots orders those reads after the line with an acquire: the first
+//    word's load (host), or a fence after the relaxed loads (GPU, where an acquire load would
+//    hold the other loads back for a round trip). A short payload taken from the line needs
+//    neither. The tail is still published, for recovery and for tools; a consumer that polls
+//    lines never reads it.
+//  - The entry counts live in the second word of the rx_tail line (the producer's, published
+//    with the tail) and of the rx_head line (the consumer's, published with the head), so each
+//    side can resume where the last one stopped.
+enum RegionFeatures : uint32_t {
+  kFeatureRxLines = 1u << 0,
+};
+inline constexpr uint32_t kKnownFeatures = kFeatureRxLines;
+
+inline constexpr uint32_t kLineBytes = 256;
+inline constexpr uint32_t kLineWords = kLineBytes / 8;                           // 32
+inline constexpr uint32_t kLineDataBytes = kLineWords * 4;                       // 128
+inline constexpr uint32_t kLineInlineBytes = kLineDataBytes - kSlotHeaderBytes;  // 112
+// Byte offset of the entry count in an rx_tail or rx_head control line.
+inline constexpr uint32_t kEntriesWordOffset = 4;
+
+// The flag of every word of entry n's line: never 0 in the first lap, so a zeroed region holds
+// no line.
+CARACAL_INLINE constexpr uint32_t line_flag(uint32_t entry) {
+  return entry + 1;
+}
+CARACAL_INLINE constexpr uint64_t line_word(uint32_t flag, uint32_t data) {
+  return (uint64_t{flag} << 32) | data;
+}
+CARACAL_INLINE constexpr uint32_t line_word_flag(uint64_t word) {
+  return static_cast<uint32_t>(word >> 32);
+}
+CARACAL_INLINE constexpr uint32_t line_word_data(uint64_t word) {
+  return static_cast<uint32_t>(word);
+}
+
 // Written once by the agent before it announces the region; never modified afterwards.
 struct RegionHeader {
   uint64_t magic;               // kRegionMagic
@@ -81,6 +138,10 @@ struct RegionHeader {
   uint64_t control_bytes;       // size of the control area
   uint64_t rings_offset;        // start of queue 0's RX ring
   uint64_t ring_stride;         // distance between consecutive rings (>= slot_bytes*capacity)
+  uint32_t features;            // RegionFeatures
+  uint32_t line_bytes;          // kLineBytes with kFeatureRxLines, else 0
+  uint64_t lines_offset;        // start of queue 0's RX lines (0 without kFeatureRxLines)
+  uint64_t line_stride;         // distance between consecutive queues' lines (0 without)
 };
 static_assert(offsetof(RegionHeader, magic) == 0);
 static_assert(offsetof(RegionHeader, layout_version) == 8);
@@ -97,15 +158,21 @@ static_assert(offsetof(RegionHeader, control_offset) == 56);
 static_assert(offsetof(RegionHeader, control_bytes) == 64);
 static_assert(offsetof(RegionHeader, rings_offset) == 72);
 static_assert(offsetof(RegionHeader, ring_stride) == 80);
-static_assert(sizeof(RegionHeader) == 88);
+static_assert(offsetof(RegionHeader, features) == 88);
+static_assert(offsetof(RegionHeader, line_bytes) == 92);
+static_assert(offsetof(RegionHeader, lines_offset) == 96);
+static_assert(offsetof(RegionHeader, line_stride) == 104);
+static_assert(sizeof(RegionHeader) == 112);
 static_assert(sizeof(RegionHeader) <= kPageBytes);
 
 // Control words, in the order of their lines in the control area.
 //  - stop: nonzero asks every poller of the region to return. Written by the agent (or the
 //    SmartNIC, on teardown) with a release store; read with relaxed loads every few thousand
 //    spins, since no data is published through it.
-//  - rx_tail[q]: written by the SmartNIC (producer), polled by the accelerator.
-//  - rx_head[q]: written by the accelerator (consumer), read by the SmartNIC for credits.
+//  - rx_tail[q]: written by the SmartNIC (producer), polled by the accelerator (without RX
+//    lines). Its second word holds the producer's entry count (with RX lines).
+//  - rx_head[q]: written by the accelerator (consumer), read by the SmartNIC for credits. Its
+//    second word holds the consumer's entry count (with RX lines).
 //  - tx_head[q]: written by the SmartNIC (consumer), read by the accelerator for credits.
 //  - tx_tail[q]: written by the accelerator (producer), read by the SmartNIC, all at once.
 enum class IndexArray : uint32_t { kRxTail = 0, kRxHead = 1, kTxHead = 2, kTxTail = 3 };
@@ -132,6 +199,7 @@ struct RegionGeometry {
   uint32_t slot_bytes = 256;
   uint32_t ring_capacity = 256;
   uint32_t max_message_bytes = 256 - kSlotHeaderBytes;
+  bool rx_lines = false;  // kFeatureRxLines
 };
 
 CARACAL_INLINE constexpr uint32_t queue_count(const RegionHeader& h) {
@@ -157,7 +225,18 @@ CARACAL_INLINE constexpr RegionHeader compute_layout(const RegionGeometry& g, ui
   h.rings_offset = h.control_offset + h.control_bytes;
   h.ring_stride = round_up(uint64_t{g.slot_bytes} * g.ring_capacity, kPageBytes);
   h.region_bytes = h.rings_offset + 2 * queues * h.ring_stride;
+  if (g.rx_lines) {
+    h.features = kFeatureRxLines;
+    h.line_bytes = kLineBytes;
+    h.lines_offset = h.region_bytes;
+    h.line_stride = round_up(uint64_t{g.ring_capacity} * kLineBytes, kPageBytes);
+    h.region_bytes += queues * h.line_stride;
+  }
   return h;
+}
+
+CARACAL_INLINE constexpr bool has_rx_lines(const RegionHeader& h) {
+  return (h.features & kFeatureRxLines) != 0;
 }
 
 // Byte offsets inside a region, from its (validated) header.
@@ -175,6 +254,10 @@ CARACAL_INLINE constexpr uint64_t rx_ring_offset(const RegionHeader& h, uint32_t
 }
 CARACAL_INLINE constexpr uint64_t tx_ring_offset(const RegionHeader& h, uint32_t queue) {
   return h.rings_offset + (2 * uint64_t{queue} + 1) * h.ring_stride;
+}
+// The first of queue `queue`'s RX lines (with kFeatureRxLines).
+CARACAL_INLINE constexpr uint64_t rx_lines_offset(const RegionHeader& h, uint32_t queue) {
+  return h.lines_offset + uint64_t{queue} * h.line_stride;
 }
 // Queue index of client queue `c`.
 CARACAL_INLINE constexpr uint32_t client_queue_index(const RegionHeader& h, uint32_t c) {

@@ -51,6 +51,34 @@ CARACAL_INLINE void store_relaxed(uint32_t* word, uint32_t value) {
   SystemAtomicRef<uint32_t>(*word).store(value, mo::memory_order_relaxed);
 }
 
+// A word of an RX line (layout.hpp): aligned 8-byte accesses, single-copy atomic. Each word
+// carries its own flag, so most are relaxed; the line's first word is stored with release and
+// loaded with acquire, which orders the entry's slots (written before the line) before the
+// consumer's reads of them.
+CARACAL_INLINE uint64_t load_relaxed(const uint64_t* word) {
+  return SystemAtomicRef<uint64_t>(*const_cast<uint64_t*>(word)).load(mo::memory_order_relaxed);
+}
+CARACAL_INLINE uint64_t load_acquire(const uint64_t* word) {
+  return SystemAtomicRef<uint64_t>(*const_cast<uint64_t*>(word)).load(mo::memory_order_acquire);
+}
+CARACAL_INLINE void store_relaxed(uint64_t* word, uint64_t value) {
+  SystemAtomicRef<uint64_t>(*word).store(value, mo::memory_order_relaxed);
+}
+CARACAL_INLINE void store_release(uint64_t* word, uint64_t value) {
+  SystemAtomicRef<uint64_t>(*word).store(value, mo::memory_order_release);
+}
+
+// System-scope acquire fence: every load before it is ordered before every load and store
+// after it. After a relaxed load that saw a peer's release store, it makes what the peer wrote
+// before that store visible (GPU: RingConsumer's reads of an RX line).
+CARACAL_INLINE void fence_acquire() {
+#if defined(__CUDACC__)
+  cuda::atomic_thread_fence(cuda::std::memory_order_acquire, cuda::thread_scope_system);
+#else
+  std::atomic_thread_fence(std::memory_order_acquire);
+#endif
+}
+
 // System-scope release fence: every load and store before it is ordered before every store
 // after it. One fence ahead of several relaxed index stores publishes all of them (see
 // RingProducer::publish_after_fence), where a release store each would fence each.

@@ -37,11 +37,17 @@ class RegionView {
   CARACAL_INLINE void request_stop() const { store_release(stop_word(), 1); }
   CARACAL_INLINE void clear_stop() const { store_release(stop_word(), 0); }
 
+  // Queue `queue`'s RX lines, or nullptr when the region has none.
+  CARACAL_INLINE const uint64_t* rx_lines(uint32_t queue) const {
+    if (!has_rx_lines(header_)) return nullptr;
+    return reinterpret_cast<const uint64_t*>(base_ + rx_lines_offset(header_, queue));
+  }
+
   // The accelerator consumes RX and produces TX, for server and client queues alike.
   CARACAL_INLINE RingConsumer rx_consumer(uint32_t queue) const {
     return RingConsumer(base_ + rx_ring_offset(header_, queue), ring_geometry(header_),
                         index_word(IndexArray::kRxTail, queue),
-                        index_word(IndexArray::kRxHead, queue));
+                        index_word(IndexArray::kRxHead, queue), rx_lines(queue));
   }
   CARACAL_INLINE RingProducer tx_producer(uint32_t queue) const {
     return RingProducer(base_ + tx_ring_offset(header_, queue), ring_geometry(header_),

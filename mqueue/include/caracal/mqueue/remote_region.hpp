@@ -51,11 +51,14 @@ class RemoteRegion {
     r.tx_.reserve(queues);
     for (uint32_t q = 0; q < queues; ++q) {
       const RemoteRingAddress rx{rx_ring_offset(h, q), index_offset(h, IndexArray::kRxTail, q),
-                                 index_offset(h, IndexArray::kRxHead, q)};
+                                 index_offset(h, IndexArray::kRxHead, q),
+                                 has_rx_lines(h) ? rx_lines_offset(h, q) : 0};
       const RemoteRingAddress tx{tx_ring_offset(h, q), index_offset(h, IndexArray::kTxTail, q),
                                  index_offset(h, IndexArray::kTxHead, q)};
-      r.rx_.emplace_back(transport, rx, g, transport->load_index(rx.tail_offset),
-                         transport->load_index(rx.head_offset));
+      r.rx_.emplace_back(
+          transport, rx, g, transport->load_index(rx.tail_offset),
+          transport->load_index(rx.head_offset),
+          has_rx_lines(h) ? transport->load_index(rx.tail_offset + kEntriesWordOffset) : 0);
       r.tx_.emplace_back(transport, tx, g, transport->load_index(tx.head_offset));
     }
     return r;

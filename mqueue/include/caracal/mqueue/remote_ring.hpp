@@ -8,7 +8,10 @@
 //    call here blocks: when credits run out, reserve() posts a read of the consumer's head and
 //    returns nullptr until it has completed (the manager calls Transport::progress meanwhile);
 //  - TX tails are not read per queue: RemoteRegion fetches them all at once and hands each
-//    consumer its tail with observe_tail(), which posts the read of the new entries' slots.
+//    consumer its tail with observe_tail(), which posts the read of the new entries' slots;
+//  - with RX lines (layout.hpp), the producer also writes every entry's line after its slots
+//    and posts it as one more write, which the transport places after the slots' (shm: the
+//    release store of the line's first word; rdma: WRITEs on one queue pair are placed in order).
 // The accelerator is not trusted further than check_entry: a corrupt TX entry stops that ring
 // with PollResult::kCorrupt and a reason.
 #pragma once
@@ -27,21 +30,25 @@ struct RemoteRingAddress {
   uint64_t ring_offset = 0;
   uint64_t tail_offset = 0;
   uint64_t head_offset = 0;
+  uint64_t lines_offset = 0;  // the ring's RX lines; 0: none (only an RX ring has them)
 };
 
 template <Transport T>
 class RemoteRingProducer {
  public:
   RemoteRingProducer() = default;
-  // `tail` and `head` are the ring's index values when the SmartNIC takes it over.
+  // `tail` and `head` are the ring's index values when the SmartNIC takes it over, `entries`
+  // the producer's entry count (with RX lines).
   RemoteRingProducer(T* transport, const RemoteRingAddress& address, const RingGeometry& g,
-                     uint32_t tail, uint32_t head)
+                     uint32_t tail, uint32_t head, uint32_t entries = 0)
       : t_(transport),
         address_(address),
         geometry_(g),
         tail_(tail),
         published_tail_(tail),
-        head_shadow_(head) {}
+        head_shadow_(head),
+        entries_(entries),
+        published_entries_(entries) {}
 
   // Room for an entry of up to `max_payload` bytes in staging, or nullptr: too long for the
   // ring, or no credits yet (a read of the consumer's head is then in flight; call again after
@@ -69,6 +76,7 @@ class RemoteRingProducer {
     if (reserved_slots_ == 0 || slots > reserved_slots_) return false;
     write_header(reserved_position_, length, flags, slots, token);
     t_->post_write(slot_offset(reserved_position_), kSlotHeaderBytes + length);
+    write_line(reserved_position_, length);
     tail_ += slots;
     reserved_slots_ = 0;
     return true;
@@ -82,9 +90,15 @@ class RemoteRingProducer {
     return commit(length, token, flags);
   }
 
-  // Posts the tail once per burst; the transport orders it after the entries' writes.
+  // Posts the tail once per burst; the transport orders it after the entries' writes. With RX
+  // lines the entry count goes first (the consumer polls the lines and reads neither; they
+  // are for a producer that takes the ring over later).
   void publish() {
     if (tail_ != published_tail_) {
+      if (has_lines() && entries_ != published_entries_) {
+        t_->publish_index(address_.tail_offset + kEntriesWordOffset, entries_);
+        published_entries_ = entries_;
+      }
       t_->publish_index(address_.tail_offset, tail_);
       published_tail_ = tail_;
     }
@@ -107,6 +121,8 @@ class RemoteRingProducer {
   // Slots the accelerator has not yet given back, by the shadow head.
   uint32_t outstanding_slots() const { return tail_ - head_shadow_; }
   uint32_t tail() const { return tail_; }
+  uint32_t entries() const { return entries_; }
+  bool has_lines() const { return address_.lines_offset != 0; }
   const RingGeometry& geometry() const { return geometry_; }
 
  private:
@@ -118,7 +134,32 @@ class RemoteRingProducer {
                     uint64_t token) {
     const SlotHeader h{length, flags, static_cast<uint16_t>(slots), token};
     std::memcpy(slot(position), &h, sizeof(h));
-    if ((flags & kSlotSkip) != 0) t_->post_write(slot_offset(position), kSlotHeaderBytes);
+    if ((flags & kSlotSkip) != 0) {
+      t_->post_write(slot_offset(position), kSlotHeaderBytes);
+      write_line(position, 0);
+    }
+  }
+
+  // With RX lines: the line of the entry whose header (and `length` bytes of payload) are in
+  // its slot at `position`, in the LL encoding of layout.hpp, posted after the slot's write.
+  // Each word is one 8-byte store: in `shm` staging is the region, and the accelerator may be
+  // loading the words while they are stored.
+  void write_line(uint32_t position, uint32_t length) {
+    if (!has_lines()) return;
+    uint32_t data[kLineWords] = {};
+    const uint32_t inline_bytes = length < kLineInlineBytes ? length : kLineInlineBytes;
+    std::memcpy(data, slot(position), kSlotHeaderBytes + inline_bytes);
+    const uint64_t offset =
+        address_.lines_offset + uint64_t{entries_ & (geometry_.capacity - 1)} * kLineBytes;
+    auto* words = reinterpret_cast<uint64_t*>(t_->staging(offset));
+    const uint32_t flag = line_flag(entries_);
+    // The slot's bytes before the line's first word: pairs with the consumer's acquire after
+    // it has seen that word (RingConsumer::next_from_line).
+    store_release(words, line_word(flag, data[0]));
+    for (uint32_t k = 1; k < kLineWords; ++k)
+      store_relaxed(words + k, line_word(flag, data[k]));
+    t_->post_write(offset, kLineBytes);
+    ++entries_;
   }
 
   T* t_ = nullptr;
@@ -130,6 +171,8 @@ class RemoteRingProducer {
   uint64_t credit_ticket_ = 0;
   uint32_t reserved_position_ = 0;
   uint32_t reserved_slots_ = 0;
+  uint32_t entries_ = 0;  // entries written (RX lines)
+  uint32_t published_entries_ = 0;
 };
 
 template <Transport T>

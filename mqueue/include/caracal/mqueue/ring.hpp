@@ -17,6 +17,12 @@
 //    released entries; pairs with the load_acquire of `head` in RingProducer::refresh_credits,
 //    so the producer never overwrites a slot that is still being read.
 //
+// With RX lines (layout.hpp), a RingConsumer finds entries through the lines instead of the
+// tail. RingConsumer::next loads the next entry's line, each word vouched for by its own flag,
+// and orders its reads of the entry's slots after the line with an acquire (a load's on the
+// host, a fence's on the GPU) that pairs with the release store of the line's first word in
+// RemoteRingProducer::write_line.
+//
 // The SmartNIC-side counterparts, which reach a ring through a transport, are in remote_ring.hpp.
 // These classes are not thread-safe: one thread (or one elected lane) owns each side of a ring.
 #pragma once
@@ -234,14 +240,20 @@ enum class PollResult : uint8_t { kEmpty, kReady, kCorrupt };
 class RingConsumer {
  public:
   CARACAL_HOST_DEVICE RingConsumer() {}
+  // `lines`: the ring's RX lines when the region has them (kFeatureRxLines), else nullptr.
   CARACAL_HOST_DEVICE RingConsumer(std::byte* slots, const RingGeometry& g, uint32_t* tail_word,
-                                   uint32_t* head_word)
-      : slots_(slots), geometry_(g), tail_word_(tail_word), head_word_(head_word) {
+                                   uint32_t* head_word, const uint64_t* lines = nullptr)
+      : slots_(slots), geometry_(g), tail_word_(tail_word), head_word_(head_word), lines_(lines) {
     head_ = load_relaxed(head_word_);  // the consumer owns head
     read_ = head_;
     last_start_ = head_;
     published_head_ = head_;
     tail_shadow_ = load_acquire(tail_word_);  // pairs with RingProducer::publish
+    if (lines_ != nullptr) {
+      entries_ = load_relaxed(entries_word());  // the consumer owns its entry count too
+      last_entries_ = entries_;
+      published_entries_ = entries_;
+    }
   }
 
   // The next unread entry, skipping fillers. kEmpty when nothing is published past what was
@@ -253,8 +265,13 @@ class RingConsumer {
   // round trip for the tail first. `image`, when given, is a copy of the first unread slot
   // (peek()) made after the tail that covers it was read; that slot's header is then taken from
   // the copy instead of being read again.
+  //
+  // With RX lines the tail is never read. `refresh` false then returns kEmpty at once (a read of
+  // the next line is as dear as one of the tail), and `image`, when given, is a decoded copy of
+  // the next line (line_image()) whose flags were all found in place.
   CARACAL_INLINE PollResult next(Entry& out, bool refresh = true,
                                  const std::byte* image = nullptr) {
+    if (lines_ != nullptr) return next_from_line(out, refresh, image);
     for (;;) {
       if (read_ == tail_shadow_) {
         if (!refresh) return PollResult::kEmpty;
@@ -292,19 +309,35 @@ class RingConsumer {
     return contiguous == 0 ? nullptr : slot(position);
   }
 
+  // With RX lines: the next entry's line and the flag each of its words carries once the
+  // producer has written it. A group of threads may load the words (one each, load_relaxed,
+  // then a barrier), check their flags and decode the data (line_word_data, in word order) into
+  // an image for next(): a SlotHeader followed by up to kLineInlineBytes of payload. next()
+  // fences before the slots are read when the payload is not all in the image.
+  CARACAL_INLINE const uint64_t* line(uint32_t& flag) const {
+    flag = line_flag(entries_);
+    return lines_ + static_cast<uint64_t>(entries_ & (geometry_.capacity - 1)) * kLineWords;
+  }
+  CARACAL_INLINE bool has_lines() const { return lines_ != nullptr; }
+
   // Puts back the entry the last next() returned, so the next call returns it again (for a
   // consumer that finds it cannot take the entry now, say because its reply ring is full).
-  CARACAL_INLINE void unread() { read_ = last_start_; }
+  CARACAL_INLINE void unread() {
+    read_ = last_start_;
+    entries_ = last_entries_;
+  }
 
   // Gives back every entry read so far (locally; publish() tells the producer).
   CARACAL_INLINE void release() {
     head_ = read_;
     last_start_ = read_;
+    last_entries_ = entries_;
   }
 
   // One release store per burst. The caller must be done reading the released entries.
   CARACAL_INLINE void publish() {
     if (head_ != published_head_) {
+      publish_entries();
       store_release(head_word_, head_);  // pairs with RingProducer::refresh_credits
       published_head_ = head_;
     }
@@ -315,6 +348,7 @@ class RingConsumer {
   // RingProducer::refresh_credits's acquire like the release store would).
   CARACAL_INLINE void publish_after_fence() {
     if (head_ != published_head_) {
+      publish_entries();
       store_relaxed(head_word_, head_);
       published_head_ = head_;
     }
@@ -337,11 +371,79 @@ class RingConsumer {
   CARACAL_INLINE EntryCheck last_check() const { return last_check_; }
   CARACAL_INLINE uint32_t head() const { return head_; }
   CARACAL_INLINE uint32_t read_position() const { return read_; }
+  CARACAL_INLINE uint32_t entries() const { return entries_; }
   CARACAL_INLINE const RingGeometry& geometry() const { return geometry_; }
 
  private:
   CARACAL_INLINE const std::byte* slot(uint32_t position) const {
     return slots_ + static_cast<uint64_t>(position) * geometry_.slot_bytes;
+  }
+  CARACAL_INLINE uint32_t* entries_word() const {
+    return head_word_ + kEntriesWordOffset / sizeof(uint32_t);
+  }
+  // The entry count goes out with the head, ordered before it by the head's release (or the
+  // caller's fence); only a consumer that resumes the ring reads it back.
+  CARACAL_INLINE void publish_entries() {
+    if (lines_ != nullptr && entries_ != published_entries_) {
+      store_relaxed(entries_word(), entries_);
+      published_entries_ = entries_;
+    }
+  }
+
+  // next() with RX lines. The header comes from `image` (checked by the caller) or from the
+  // line's first four words; every one must carry the entry's flag, or the entry is not there
+  // yet. The entry cannot reach past head + capacity: the producer had no credits beyond it.
+  //
+  // The slots are read after the line as follows. On the host the first word is loaded with
+  // acquire. On the GPU the words are loaded relaxed, as one load of the group (an acquire
+  // load would hold back the others for a round trip across PCIe), and an acquire fence
+  // follows when the entry's payload is to be read from its slots; a short payload taken from
+  // an image needs none. Either pairs with the release store of the first word in
+  // RemoteRingProducer::write_line.
+  CARACAL_INLINE PollResult next_from_line(Entry& out, bool refresh, const std::byte* image) {
+    for (;;) {
+      SlotHeader h;
+      const bool from_image = image != nullptr;
+      if (from_image) {
+        memcpy(&h, image, sizeof(h));
+        image = nullptr;  // only the first line has a copy
+      } else {
+        if (!refresh) return PollResult::kEmpty;
+        uint32_t flag = 0;
+        const uint64_t* words = line(flag);
+        uint32_t data[kSlotHeaderBytes / 4];
+        for (uint32_t k = 0; k < kSlotHeaderBytes / 4; ++k) {
+#if defined(__CUDA_ARCH__)
+          const uint64_t w = load_relaxed(words + k);
+#else
+          const uint64_t w = k == 0 ? load_acquire(words) : load_relaxed(words + k);
+#endif
+          if (line_word_flag(w) != flag) return PollResult::kEmpty;
+          data[k] = line_word_data(w);
+        }
+        memcpy(&h, data, sizeof(h));
+      }
+      const bool payload_in_slots =
+          (h.flags & kSlotSkip) == 0 && (!from_image || h.length > kLineInlineBytes);
+#if defined(__CUDA_ARCH__)
+      if (payload_in_slots) fence_acquire();
+#else
+      if (payload_in_slots && from_image) fence_acquire();
+#endif
+      const uint32_t position = read_ & (geometry_.capacity - 1);
+      last_check_ = check_entry(h, position, geometry_.capacity - (read_ - head_), geometry_);
+      if (last_check_ != EntryCheck::kOk) return PollResult::kCorrupt;
+      last_start_ = read_;
+      last_entries_ = entries_;
+      read_ += h.slots;
+      ++entries_;
+      if ((h.flags & kSlotSkip) != 0) continue;
+      out.payload = slot(position) + kSlotHeaderBytes;
+      out.length = h.length;
+      out.flags = h.flags;
+      out.token = h.token;
+      return PollResult::kReady;
+    }
   }
 
   std::byte* slots_ = nullptr;
@@ -354,6 +456,10 @@ class RingConsumer {
   uint32_t tail_shadow_ = 0;
   uint32_t last_start_ = 0;
   EntryCheck last_check_ = EntryCheck::kOk;
+  const uint64_t* lines_ = nullptr;  // RX lines, or nullptr
+  uint32_t entries_ = 0;             // entries read (RX lines)
+  uint32_t last_entries_ = 0;
+  uint32_t published_entries_ = 0;
 };
 
 }  // namespace caracal::mqueue

@@ -19,6 +19,11 @@
 // cumulative over what the releasing thread has observed that way. Likewise the leader's
 // acquire of an RX tail, then the barrier, orders every thread's reads of that payload after it.
 //
+// With RX lines (mqueue/layout.hpp) the tail is never read: the group loads the next entry's
+// line (relaxed, each word checked by its own flag). When the payload is longer than the line
+// holds, the leader's system-scope acquire fence in RingConsumer::next, then the barrier, order
+// every thread's reads of the entry's slots after the line.
+//
 // Publishing. A burst ends with one system-scope release fence, then relaxed stores of the TX
 // tail and the RX head (RingProducer/RingConsumer::publish_after_fence).
 //
@@ -74,6 +79,8 @@ enum : uint32_t { kStepIdle = 0, kStepServe = 1, kStepExit = 2 };
 // than two (the header, then the payload the header describes).
 inline constexpr uint32_t kSlotImageBytes = 256;
 
+static_assert(mqueue::kLineDataBytes <= kSlotImageBytes);
+
 // The leader's word to its group before each step.
 struct Mailbox {
   uint32_t step;
@@ -84,6 +91,10 @@ struct Mailbox {
   // (warp- and block-granular workers; 0: nothing published).
   const std::byte* image_from;
   uint32_t image_bytes;
+  // With RX lines instead: the next entry's line and the flag its words carry once written
+  // (nullptr: the queue is stopped). The group decodes the line into `image`.
+  const uint64_t* line;
+  uint32_t line_flag;
   alignas(16) std::byte image[kSlotImageBytes];
 };
 
@@ -123,6 +134,7 @@ struct Lanes<Granularity::kWarp> {
   __device__ static uint32_t size() { return 32; }
   __device__ static uint32_t mailbox() { return threadIdx.x / 32; }
   __device__ static void sync() { __syncwarp(); }
+  __device__ static bool all(bool v) { return __all_sync(0xffffffffu, v); }
 };
 template <>
 struct Lanes<Granularity::kBlock> {
@@ -131,6 +143,7 @@ struct Lanes<Granularity::kBlock> {
   __device__ static uint32_t size() { return blockDim.x; }
   __device__ static uint32_t mailbox() { return 0; }
   __device__ static void sync() { __syncthreads(); }
+  __device__ static bool all(bool v) { return __syncthreads_and(v) != 0; }
 };
 
 // The leader's running totals, written to the worker's counters when they change.
@@ -169,28 +182,60 @@ __device__ inline void overrun_error(Response& resp, Tally& tally) {
 // warp or block then copies the first slot (kSlotImageBytes at most) with all its lanes at once
 // and the leader parses the entry from that copy, so a request that fits is answered after one
 // read of the tail and one of its slot.
+//
+// With RX lines (mqueue/layout.hpp) a warp or block reads the next entry's line instead, a word
+// a lane, and decodes it into the image when every word carries the entry's flag: one read
+// across PCIe finds the entry and, up to kLineInlineBytes, delivers it. The burst is then that
+// one entry (a second line read would cost what it saves).
 template <class H, class L>
 __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q, H& handler,
                                 Context& ctx, Mailbox* box, bool leader, Tally& tally) {
   constexpr bool kImage = granularity_of<H>() != Granularity::kThread;
   const std::byte* image = nullptr;
   uint32_t image_bytes = 0;
+  bool image_is_line = false;
   if constexpr (kImage) {
     if (leader) {
-      uint32_t slots = 0;
-      box->image_from = qs.stopped == 0 ? qs.rx.peek(slots) : nullptr;
-      const uint32_t bytes = slots * qs.rx.geometry().slot_bytes;
-      box->image_bytes = bytes < kSlotImageBytes ? bytes : kSlotImageBytes;
+      box->line = nullptr;
+      box->image_bytes = 0;
+      if (qs.stopped == 0 && qs.rx.has_lines()) {
+        box->line = qs.rx.line(box->line_flag);
+      } else if (qs.stopped == 0) {
+        uint32_t slots = 0;
+        box->image_from = qs.rx.peek(slots);
+        const uint32_t bytes = slots * qs.rx.geometry().slot_bytes;
+        box->image_bytes = bytes < kSlotImageBytes ? bytes : kSlotImageBytes;
+      }
     }
     L::sync();
-    image_bytes = box->image_bytes;
-    if (image_bytes == 0) {
-      L::sync();  // everyone has read the mailbox before the leader writes it again
-      return 0;
+    const uint64_t* line = box->line;
+    if (line != nullptr) {
+      const uint32_t flag = box->line_flag;
+      bool whole = true;
+      for (uint32_t k = L::rank(); k < mqueue::kLineWords; k += L::size()) {
+        // Relaxed, so the lanes' loads go out together; the leader's next() fences before a
+        // payload that is not in the image is read from the slots.
+        const uint64_t w = mqueue::load_relaxed(line + k);
+        whole = whole && mqueue::line_word_flag(w) == flag;
+        const uint32_t d = mqueue::line_word_data(w);
+        *reinterpret_cast<uint32_t*>(box->image + 4 * k) = d;  // the image is 16-byte aligned
+      }
+      // The vote, then a barrier (a warp's vote orders no memory): the image is complete.
+      whole = L::all(whole);
+      L::sync();
+      if (!whole) return 0;
+      image_bytes = mqueue::kLineDataBytes;
+      image_is_line = true;
+    } else {
+      image_bytes = box->image_bytes;
+      if (image_bytes == 0) {
+        L::sync();  // everyone has read the mailbox before the leader writes it again
+        return 0;
+      }
+      // Ordered after the leader's acquire of the tail by the barrier (see the top of the file).
+      group_copy(ctx.group(), box->image, box->image_from, image_bytes);
+      L::sync();  // the copy is complete
     }
-    // Ordered after the leader's acquire of the tail by the barrier (see the top of the file).
-    group_copy(ctx.group(), box->image, box->image_from, image_bytes);
-    L::sync();  // the copy is complete
     image = box->image;
   }
   uint32_t n = 0;
@@ -209,8 +254,10 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
           } else {
             // The copy serves as the payload when the whole request is in it.
             const std::byte* payload = e.payload;
-            if (first && image != nullptr &&
-                e.payload == box->image_from + mqueue::kSlotHeaderBytes &&
+            const bool in_image = image_is_line
+                                      ? e.length <= mqueue::kLineInlineBytes
+                                      : e.payload == box->image_from + mqueue::kSlotHeaderBytes;
+            if (first && image != nullptr && in_image &&
                 mqueue::kSlotHeaderBytes + e.length <= image_bytes) {
               payload = image + mqueue::kSlotHeaderBytes;
             }
@@ -281,8 +328,10 @@ __device__ uint32_t serve_batches(const KernelArgs& a, QueueState& qs, uint32_t 
         }
         mqueue::Entry e;
         while (k < kBatch && (k + 2) * per_reply - 1 <= room) {
-          // The tail is read again only for the first request of the burst.
-          const mqueue::PollResult r = qs.rx.next(e, total == 0 && k == 0);
+          // The tail is read again only for the first request of the burst. With RX lines
+          // every request's line is read (a batch of one would waste the batched handler), so
+          // the batch ends with the read of a line that is not there yet.
+          const mqueue::PollResult r = qs.rx.next(e, (total == 0 && k == 0) || qs.rx.has_lines());
           if (r == mqueue::PollResult::kEmpty) break;
           if (r == mqueue::PollResult::kCorrupt) {
             qs.stopped = 1;

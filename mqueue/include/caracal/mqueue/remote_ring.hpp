@@ -238,10 +238,7 @@ class RemoteRingConsumer {
       if (last_check_ != EntryCheck::kOk) return PollResult::kCorrupt;
       read_ += h.slots;
       if ((h.flags & kSlotSkip) != 0) continue;
-      out.payload = slot(position) + kSlotHeaderBytes;
-      out.length = h.length;
-      out.flags = h.flags;
-      out.token = h.token;
+      out = Entry{slot(position) + kSlotHeaderBytes, h.length, h.flags, h.token};
       return PollResult::kReady;
     }
   }

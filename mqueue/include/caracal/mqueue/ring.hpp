@@ -288,10 +288,7 @@ class RingConsumer {
       last_start_ = read_;
       read_ += copy.slots;
       if ((copy.flags & kSlotSkip) != 0) continue;
-      out.payload = slot(position) + kSlotHeaderBytes;
-      out.length = copy.length;
-      out.flags = copy.flags;
-      out.token = copy.token;
+      out = Entry{slot(position) + kSlotHeaderBytes, copy.length, copy.flags, copy.token};
       return PollResult::kReady;
     }
   }
@@ -438,10 +435,7 @@ class RingConsumer {
       read_ += h.slots;
       ++entries_;
       if ((h.flags & kSlotSkip) != 0) continue;
-      out.payload = slot(position) + kSlotHeaderBytes;
-      out.length = h.length;
-      out.flags = h.flags;
-      out.token = h.token;
+      out = Entry{slot(position) + kSlotHeaderBytes, h.length, h.flags, h.token};
       return PollResult::kReady;
     }
   }

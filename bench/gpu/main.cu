@@ -348,6 +348,9 @@ LatencySummary measure_floor(uint32_t count, int kind = -1) {
 // --rx-lines: every region of the run announces its RX entries in LL lines
 // (mqueue/layout.hpp), which the kernel polls instead of the tails.
 bool g_rx_lines = false;
+// --rtt-queues: the latency runs' regions have this many queues, each polled by a worker of its
+// own, while the driver uses queue 0 only (what the other queues' polling costs a request).
+uint32_t g_rtt_queues = 1;
 
 struct RingSetup {
   uint32_t queues = 1;
@@ -394,6 +397,7 @@ template <class H = Echo<1>>
 LatencySummary measure_rtt(uint32_t count, uint32_t message,
                            const accel::GpuOptions& options = {}) {
   RingSetup setup;
+  setup.queues = g_rtt_queues;
   setup.message = message;
   setup.slot_bytes = message <= 112 ? 128 : 2048;
   setup.capacity = 256;
@@ -598,6 +602,8 @@ int main(int argc, char** argv) {
   bool latency_only = false;
   app.add_flag("--latency-only", latency_only, "only the latency measurements");
   app.add_flag("--rx-lines", g_rx_lines, "regions with RX lines (the kernel polls LL lines)");
+  app.add_option("--rtt-queues", g_rtt_queues, "queues polled in the latency runs (1 used)")
+      ->check(CLI::Range(1u, 1024u));
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -288,7 +288,7 @@ TEST(AgentConfig, BadRingGeometryIsRefusedAtTheField) {
 
 TEST(AgentConfig, RxLines) {
   // auto (the default): on only for a GPU polling its region across PCIe.
-  const ServiceConfig& echo = parse(kValid).services[0];
+  const ServiceConfig echo = parse(kValid).services[0];
   EXPECT_EQ(echo.rx_lines, RxLines::kAuto);
   EXPECT_FALSE(echo.geometry().rx_lines);
   EXPECT_TRUE(echo.geometry(/*gpu_across_pcie=*/true).rx_lines);

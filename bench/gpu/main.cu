@@ -351,6 +351,8 @@ bool g_rx_lines = false;
 // --rtt-queues: the latency runs' regions have this many queues, each polled by a worker of its
 // own, while the driver uses queue 0 only (what the other queues' polling costs a request).
 uint32_t g_rtt_queues = 1;
+// --busy-polls: the latency runs' GpuOptions::busy_polls (empty rounds before a worker sleeps).
+uint32_t g_busy_polls = accel::GpuOptions{}.busy_polls;
 
 struct RingSetup {
   uint32_t queues = 1;
@@ -432,7 +434,12 @@ LatencySummary measure_rtt(uint32_t count, uint32_t message,
           if (i >= warmup) shared->samples[i - warmup] = t1 - t0;
         }
       },
-      [&] { return gpu.start(options); }, [&] { gpu.stop(); });
+      [&] {
+        accel::GpuOptions o = options;
+        o.busy_polls = g_busy_polls;
+        return gpu.start(o);
+      },
+      [&] { gpu.stop(); });
   if (!err.empty()) throw std::runtime_error("rtt: " + err);
   std::vector<uint64_t> v(shared->samples, shared->samples + count);
   return summarize(v);
@@ -602,6 +609,7 @@ int main(int argc, char** argv) {
   bool latency_only = false;
   app.add_flag("--latency-only", latency_only, "only the latency measurements");
   app.add_flag("--rx-lines", g_rx_lines, "regions with RX lines (the kernel polls LL lines)");
+  app.add_option("--busy-polls", g_busy_polls, "GPU workers' empty rounds before they sleep");
   app.add_option("--rtt-queues", g_rtt_queues, "queues polled in the latency runs (1 used)")
       ->check(CLI::Range(1u, 1024u));
   CLI11_PARSE(app, argc, argv);

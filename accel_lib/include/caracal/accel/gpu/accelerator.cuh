@@ -30,7 +30,11 @@
 // Polling and stopping. A worker that finds nothing spins busy_polls rounds, then sleeps with
 // __nanosleep between rounds, doubling up to idle_sleep_max_ns, so an idle service stops
 // reading across PCIe at full rate. The stop word is read every kStopCheckRounds rounds when
-// busy and every round when sleeping; client calls check it while they wait. stop() raises it
+// busy and every kSleepingStopCheckRounds rounds when sleeping (a few hundred microseconds at
+// the longest sleep); client calls check it while they wait. Read every round by every idle
+// worker, the one shared word slowed the busy workers' reads across PCIe: with 15 idle queues
+// and one busy, a request's round trip went from 3.5 to 16 us on an H200
+// (bench/results/experiments/rx-lines-h200/pollers/). stop() raises it
 // and waits (bounded) for the kernel to return.
 #pragma once
 
@@ -64,6 +68,7 @@ namespace caracal::accel::gpu {
 namespace detail {
 
 inline constexpr uint32_t kStopCheckRounds = 1024;
+inline constexpr uint32_t kSleepingStopCheckRounds = 64;
 inline constexpr uint32_t kFirstSleepNs = 32;
 
 struct QueueState {
@@ -446,7 +451,9 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
         ++idle;
       }
       const bool sleeping = served == 0 && idle > a.busy_polls;
-      const bool stop = (sleeping || rounds % kStopCheckRounds == 0) && region.stop_requested();
+      const bool stop = ((sleeping && rounds % kSleepingStopCheckRounds == 0) ||
+                         rounds % kStopCheckRounds == 0) &&
+                        region.stop_requested();
       box->step = stop ? kStepExit : kStepServe;
       if (!stop && sleeping) {
         sleep_ns = sleep_ns == 0 ? kFirstSleepNs : sleep_ns * 2;

@@ -138,7 +138,8 @@ YAML
 # threads instead, as do kv_memcached.sh and backpressure.sh): service echo over line-framed TCP with error replies, heartbeats
 # every 50 ms (CARACAL_E2E_AGENT_TIMEOUT_MS, default 500, lengthens the timeout where they run
 # late, as in the emulated VM), and CONTROL_KEYS (", key: value" ...) added to `control`. Sets
-# PORT to the TCP listener's port and SERVICE to the agents' service entry.
+# PORT to the TCP listener's port and SERVICE to the agents' service entry (with RX_LINES, when
+# set, as its rx_lines).
 start_fault_server() {
   start_server "io_threads: 2
 engine_threads: ${ENGINE_THREADS:-2}
@@ -151,7 +152,7 @@ services:
     listeners:
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line }, error_reply: 'ERROR {reason}' }"
   PORT=$(port_of "tcp/127.0.0.1:0")
-  SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 512 }"
+  SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 512${RX_LINES:+, rx_lines: $RX_LINES} }"
 }
 
 # start_load SEED: the pipelined load the fault scripts (agent_loss.sh, tests/rdma/link_fault.sh)

@@ -27,6 +27,7 @@ start_agent echo-2 "$ECHO_AGENT" "$SERVICE }"
 if [ "${RX_LINES:-}" = on ]; then
   grep -q "agent 'echo-1' region for service 'echo' attached.*RX lines" "$WORK/server.log" ||
     fail "echo-1's region has no RX lines"
+  echo "echo-1's region has RX lines"
 fi
 LP=$(port_of "tcp/127.0.0.1:0")
 LINE=$(port_of "tcp/127.0.0.2:0")

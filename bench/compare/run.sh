@@ -35,7 +35,8 @@
 # (more caracal_loadgen options for every point, e.g. --busy-poll), ENGINE_THREADS (snic_server's
 # engine_threads; unset: the key is left out and the server's default applies, so that a server
 # older than the key can run), HANDLERS ("echo matvec"), RX_LINES (the agent's rx_lines: on, off
-# or auto; unset: the key is left out and the agent's default applies, on for a GPU over shm).
+# or auto; unset: the key is left out and the agent's default applies, on for a GPU over shm),
+# AGENT_RING_CAPACITY (the agent's ring_capacity, 512 slots of 256 bytes).
 # With the defaults a full run takes about 7 minutes.
 set -uo pipefail
 
@@ -201,7 +202,7 @@ cpu: { workers: ${CPU_WORKERS:-1} }
 $([ "${CARACAL_ACCEL#gpu}" != "$CARACAL_ACCEL" ] && echo "gpu: { workers: ${GPU_WORKERS:-0} }")
 reconnect_interval_ms: 100
 services:
-  - { name: $handler, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE${RX_LINES:+, rx_lines: $RX_LINES} }
+  - { name: $handler, queues: $AGENT_QUEUES, ring_capacity: ${AGENT_RING_CAPACITY:-512}, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE${RX_LINES:+, rx_lines: $RX_LINES} }
 YAML
       "${AGENT[$handler]}" --config "$log-agent.yaml" >"$log-agent.log" 2>&1 &
       local apid=$!

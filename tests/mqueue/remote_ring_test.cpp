@@ -252,12 +252,12 @@ TEST(RemoteRingLines, TheLineIsPostedAfterTheEntryAndTheEntryCountBeforeTheTail)
   EXPECT_EQ(transport.log()[3].kind, Kind::kIndex);  // the tail
   EXPECT_EQ(transport.log()[3].value, 2u);
 
-  // The consumer sees the entry once the line has landed, whatever the tail says.
+  // The consumer sees the entry by its line once the line has landed, whatever the tail says.
   RingConsumer consumer = region.view().rx_consumer(1);
   (void)transport.progress();
-  EXPECT_FALSE(pop_message(consumer).has_value());
+  EXPECT_FALSE(test::pop_by_line(consumer).has_value());
   (void)transport.progress();
-  std::optional<Message> m = pop_message(consumer);
+  std::optional<Message> m = test::pop_by_line(consumer);
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->payload, numbered_bytes(100, 1));
   EXPECT_EQ(m->token, 0xABu);

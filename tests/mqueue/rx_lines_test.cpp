@@ -1,7 +1,7 @@
 // RX lines (kFeatureRxLines, layout.hpp): the SmartNIC announces each RX entry in an LL line
-// and the accelerator finds entries through the lines, never through the tail. The SmartNIC
-// side is RemoteRingProducer over ShmTransport, the accelerator side RingConsumer, on one
-// region in local memory.
+// and the accelerator may find an entry through its line (next_by_line, or a group's image)
+// instead of the tail, which it still uses for bursts. The SmartNIC side is RemoteRingProducer
+// over ShmTransport, the accelerator side RingConsumer, on one region in local memory.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -22,6 +22,7 @@ namespace {
 using test::LocalRegion;
 using test::Message;
 using test::numbered_bytes;
+using test::pop_by_line;
 using test::pop_message;
 using test::push_message;
 
@@ -112,15 +113,63 @@ TEST_F(RxLinesTest, EntryIsAnnouncedByItsLineWithTheHeaderAndAShortPayloadInline
   for (uint32_t i = kSlotHeaderBytes + 40; i < kLineDataBytes; ++i)
     EXPECT_EQ(reinterpret_cast<std::byte*>(data)[i], std::byte{0}) << "padding byte " << i;
 
-  // Not published: the tail still says 0, and the consumer finds the entry anyway.
+  // Not published: the tail still says 0. By the tail there is nothing; by the line there is
+  // the entry, its payload taken from the line.
   EXPECT_EQ(word(IndexArray::kRxTail, 0), 0u);
   RingConsumer rx = region_.view().rx_consumer(0);
   ASSERT_TRUE(rx.has_lines());
-  const std::optional<Message> m = pop_message(rx);
+  EXPECT_FALSE(pop_message(rx).has_value());
+  const std::optional<Message> m = pop_by_line(rx);
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->payload, payload);
   EXPECT_EQ(m->token, 0x1234'5678'9ABC'DEF0ULL);
+  EXPECT_FALSE(pop_by_line(rx).has_value());
+  // The tail that comes later covers what the line gave: nothing is taken twice.
+  remote.rx(0).publish();
   EXPECT_FALSE(pop_message(rx).has_value());
+  EXPECT_EQ(rx.pending_slots(), 0u);
+}
+
+TEST_F(RxLinesTest, WithoutAnImageTheConsumerGoesByTheTailAndKeepsTheLineCount) {
+  RemoteRegion<ShmTransport> remote = attach();
+  RingConsumer rx = region_.view().rx_consumer(0);
+  ASSERT_TRUE(push_message(remote.rx(0), numbered_bytes(8, 1), 1));
+  ASSERT_TRUE(push_message(remote.rx(0), numbered_bytes(200, 2), 2));
+  remote.rx(0).publish();
+  ASSERT_EQ(pop_message(rx)->token, 1u);
+  ASSERT_EQ(pop_message(rx)->token, 2u);
+  EXPECT_EQ(rx.entries(), 2u);
+  rx.release();
+  rx.publish();
+  // The next entry's line is the third: a consumer that switches to lines finds it.
+  ASSERT_TRUE(push_message(remote.rx(0), numbered_bytes(8, 3), 3));
+  const std::optional<Message> m = pop_by_line(rx);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->token, 3u);
+}
+
+TEST_F(RxLinesTest, ABurstGoesOnByATailHintAfterTheLinesEntry) {
+  RemoteRegion<ShmTransport> remote = attach();
+  RingConsumer rx = region_.view().rx_consumer(1);
+  for (uint64_t t = 1; t <= 3; ++t)
+    ASSERT_TRUE(push_message(remote.rx(1), numbered_bytes(40, static_cast<uint32_t>(t)), t));
+  remote.rx(1).publish();
+  ASSERT_EQ(pop_by_line(rx)->token, 1u);
+  Entry e;
+  // Without refresh and without a hint, the consumer does not read the tail.
+  EXPECT_EQ(rx.next(e, /*refresh=*/false), PollResult::kEmpty);
+  rx.load_tail_hint();  // what a GPU leader loads next to the line
+  ASSERT_EQ(rx.next(e, /*refresh=*/false), PollResult::kReady);
+  EXPECT_EQ(e.token, 2u);
+  ASSERT_EQ(rx.next(e, /*refresh=*/false), PollResult::kReady);
+  EXPECT_EQ(e.token, 3u);
+  EXPECT_EQ(rx.next(e, /*refresh=*/false), PollResult::kEmpty);
+  EXPECT_EQ(rx.entries(), 3u);
+  // A hint behind what the lines gave is no entry.
+  ASSERT_TRUE(push_message(remote.rx(1), numbered_bytes(40, 4), 4));
+  ASSERT_EQ(pop_by_line(rx)->token, 4u);
+  rx.load_tail_hint();  // still 3 entries' worth: the fourth is not published
+  EXPECT_EQ(rx.next(e, /*refresh=*/false), PollResult::kEmpty);
 }
 
 TEST_F(RxLinesTest, AStaleOrHalfWrittenLineIsNotAnEntry) {
@@ -129,23 +178,23 @@ TEST_F(RxLinesTest, AStaleOrHalfWrittenLineIsNotAnEntry) {
   // A whole lap of one-slot entries, read and given back.
   for (uint32_t i = 0; i < 8; ++i) {
     ASSERT_TRUE(push_message(remote.rx(0), numbered_bytes(8, i), i));
-    ASSERT_TRUE(pop_message(rx).has_value()) << i;
+    ASSERT_TRUE(pop_by_line(rx).has_value()) << i;
     rx.release();
     rx.publish();
   }
   remote.rx(0).publish();
   // Line 0 still holds entry 0; entry 8 is due there. Its flag is not entry 8's.
-  EXPECT_FALSE(pop_message(rx).has_value());
+  EXPECT_FALSE(pop_by_line(rx).has_value());
 
   // Entry 8's flag in the first word only: the header is not all there.
   auto* first = const_cast<uint64_t*>(line(0, 0));
   const uint64_t old = first[0];
   first[0] = line_word(line_flag(8), line_word_data(old));
-  EXPECT_FALSE(pop_message(rx).has_value());
+  EXPECT_FALSE(pop_by_line(rx).has_value());
   first[0] = old;
 
   ASSERT_TRUE(push_message(remote.rx(0), numbered_bytes(8, 8), 8));
-  const std::optional<Message> m = pop_message(rx);
+  const std::optional<Message> m = pop_by_line(rx);
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->token, 8u);
 }
@@ -160,7 +209,8 @@ TEST_F(RxLinesTest, LongEntriesAndSkipMarkersHaveLinesAndPayloadStaysInTheSlots)
   auto pop_all = [&](std::vector<uint64_t> tokens) {
     for (uint64_t token : tokens) {
       Entry e;
-      ASSERT_EQ(rx.next(e), PollResult::kReady) << token;
+      alignas(16) std::byte image[kLineDataBytes];
+      ASSERT_EQ(rx.next_by_line(e, image), PollResult::kReady) << token;
       EXPECT_EQ(e.token, token);
       const std::vector<std::byte> want = numbered_bytes(e.length, static_cast<uint32_t>(token));
       // Longer than a line holds: read in place from the slots, after the line's acquire.
@@ -200,13 +250,13 @@ TEST_F(RxLinesTest, UnreadPutsTheEntryAndItsLineBack) {
   RingConsumer rx = region_.view().rx_consumer(0);
   ASSERT_TRUE(push_message(remote.rx(0), numbered_bytes(8, 1), 1));
   ASSERT_TRUE(push_message(remote.rx(0), numbered_bytes(8, 2), 2));
-  ASSERT_TRUE(pop_message(rx).has_value());
+  ASSERT_TRUE(pop_by_line(rx).has_value());
   rx.release();
-  ASSERT_EQ(pop_message(rx)->token, 2u);
+  ASSERT_EQ(pop_by_line(rx)->token, 2u);
   rx.unread();
   EXPECT_EQ(rx.entries(), 1u);
-  ASSERT_EQ(pop_message(rx)->token, 2u);
-  EXPECT_FALSE(pop_message(rx).has_value());
+  ASSERT_EQ(pop_by_line(rx)->token, 2u);
+  EXPECT_FALSE(pop_by_line(rx).has_value());
 }
 
 TEST_F(RxLinesTest, AnImageOfTheLineServesTheEntryWithoutReadingItAgain) {
@@ -233,9 +283,10 @@ TEST_F(RxLinesTest, AnImageOfTheLineServesTheEntryWithoutReadingItAgain) {
   EXPECT_EQ(std::memcmp(image + kSlotHeaderBytes, payload.data(), payload.size()), 0);
   // The entry is in its slot too, where e.payload points.
   EXPECT_EQ(std::memcmp(e.payload, payload.data(), payload.size()), 0);
-  // Without refresh, a consumer on lines stops: a read of the next line costs what the
-  // tail's would.
+  // Without refresh (and without a tail hint) the consumer stops there; with it, it goes by
+  // the tail.
   ASSERT_TRUE(push_message(remote.rx(1), numbered_bytes(8, 6), 56));
+  remote.rx(1).publish();
   EXPECT_EQ(rx.next(e, /*refresh=*/false), PollResult::kEmpty);
   EXPECT_EQ(rx.next(e, /*refresh=*/true), PollResult::kReady);
   EXPECT_EQ(e.token, 56u);
@@ -249,7 +300,8 @@ TEST_F(RxLinesTest, ACorruptHeaderInALineStopsTheRingWithTheReason) {
   l[1] = line_word(line_flag(0), (9u << 16) | 0u);
   RingConsumer rx = region_.view().rx_consumer(0);
   Entry e;
-  EXPECT_EQ(rx.next(e), PollResult::kCorrupt);
+  alignas(16) std::byte image[kLineDataBytes];
+  EXPECT_EQ(rx.next_by_line(e, image), PollResult::kCorrupt);
   EXPECT_EQ(rx.last_check(), EntryCheck::kPastRingEnd);
 }
 
@@ -262,7 +314,7 @@ TEST_F(RxLinesTest, BothSidesResumeAtTheEntryCountsTheyPublished) {
     }
     remote.rx(2).publish();
     for (uint32_t i = 0; i < 3; ++i)
-      ASSERT_TRUE(pop_message(rx).has_value());
+      ASSERT_TRUE(pop_by_line(rx).has_value());
     rx.release();
     rx.publish();
   }
@@ -276,7 +328,7 @@ TEST_F(RxLinesTest, BothSidesResumeAtTheEntryCountsTheyPublished) {
   EXPECT_EQ(rx.entries(), 3u);
   ASSERT_TRUE(push_message(remote.rx(2), numbered_bytes(8, 5), 5));
   for (uint64_t token = 3; token <= 5; ++token) {
-    const std::optional<Message> m = pop_message(rx);
+    const std::optional<Message> m = pop_by_line(rx);
     ASSERT_TRUE(m.has_value()) << token;
     EXPECT_EQ(m->token, token);
   }

@@ -175,8 +175,12 @@ inline std::string run_echo_accelerator(const RegionView& view,
     for (uint32_t q = 0; q < queues; ++q) {
       uint32_t n = 0;
       Entry e;
+      alignas(16) std::byte image[kLineDataBytes];
       while (n < kBurst) {
-        const PollResult r = rx[q].next(e);
+        // With RX lines, as a GPU warp does: a burst's first entry by its line, the rest by
+        // the tail (the two may disagree on what is published; neither may take an entry twice).
+        const PollResult r =
+            n == 0 && rx[q].has_lines() ? rx[q].next_by_line(e, image) : rx[q].next(e);
         if (r == PollResult::kEmpty) break;
         if (r == PollResult::kCorrupt) {
           return "accelerator: queue " + std::to_string(q) +

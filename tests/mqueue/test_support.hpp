@@ -126,6 +126,20 @@ std::optional<Message> pop_message(Consumer& c) {
   return m;
 }
 
+// next_by_line() on a RingConsumer with RX lines, copied out: a payload that fits in the line
+// from the line's image (what a GPU group serves it from), a longer one from its slots.
+inline std::optional<Message> pop_by_line(RingConsumer& c) {
+  alignas(16) std::byte image[kLineDataBytes];
+  Entry e;
+  if (c.next_by_line(e, image) != PollResult::kReady) return std::nullopt;
+  const std::byte* payload = e.length <= kLineInlineBytes ? image + kSlotHeaderBytes : e.payload;
+  Message m;
+  m.payload.assign(payload, payload + e.length);
+  m.token = e.token;
+  m.flags = e.flags;
+  return m;
+}
+
 // An unsigned setting from the environment, or `fallback` when unset or unparsable.
 inline uint64_t env_u64(const char* name, uint64_t fallback) {
   const char* v = std::getenv(name);

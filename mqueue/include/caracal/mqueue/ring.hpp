@@ -17,11 +17,12 @@
 //    released entries; pairs with the load_acquire of `head` in RingProducer::refresh_credits,
 //    so the producer never overwrites a slot that is still being read.
 //
-// With RX lines (layout.hpp), a RingConsumer finds entries through the lines instead of the
-// tail. RingConsumer::next loads the next entry's line, each word vouched for by its own flag,
-// and orders its reads of the entry's slots after the line with an acquire (a load's on the
-// host, a fence's on the GPU) that pairs with the release store of the line's first word in
-// RemoteRingProducer::write_line.
+// With RX lines (layout.hpp), a consumer may also find the next entry through its line: a group
+// of threads (or next_by_line) loads the line, each word vouched for by its own flag, and hands
+// the decoded image to next(). Reads of the entry's slots are ordered after the line by an
+// acquire (the first word's load, or a fence after relaxed loads) that pairs with the release
+// store of the line's first word in RemoteRingProducer::write_line. Without an image the
+// consumer goes by the tail, which the producer still publishes, so bursts cost one read of it.
 //
 // The SmartNIC-side counterparts, which reach a ring through a transport, are in remote_ring.hpp.
 // These classes are not thread-safe: one thread (or one elected lane) owns each side of a ring.
@@ -266,17 +267,22 @@ class RingConsumer {
   // (peek()) made after the tail that covers it was read; that slot's header is then taken from
   // the copy instead of being read again.
   //
-  // With RX lines the tail is never read. `refresh` false then returns kEmpty at once (a read of
-  // the next line is as dear as one of the tail), and `image`, when given, is a decoded copy of
-  // the next line (line_image()) whose flags were all found in place.
+  // With RX lines, `image` (when given) is instead a decoded copy of the next entry's line
+  // (line()) whose flags were all found in place: the entry is taken from it without the tail.
+  // Without an image the consumer goes by the tail as above, lines or not; entries taken from
+  // lines may have run ahead of the tail it knows, which then counts as nothing published. With
+  // `refresh` false it also takes a tail loaded by load_tail_hint(), if that covers more.
   CARACAL_INLINE PollResult next(Entry& out, bool refresh = true,
                                  const std::byte* image = nullptr) {
-    if (lines_ != nullptr) return next_from_line(out, refresh, image);
+    if (lines_ != nullptr && image != nullptr) return next_from_line(out, image);
     for (;;) {
-      if (read_ == tail_shadow_) {
-        if (!refresh) return PollResult::kEmpty;
-        refresh_tail();
-        if (read_ == tail_shadow_) return PollResult::kEmpty;
+      if (!has_published()) {
+        if (refresh) {
+          refresh_tail();
+        } else if (!take_tail_hint()) {
+          return PollResult::kEmpty;
+        }
+        if (!has_published()) return PollResult::kEmpty;
       }
       const uint32_t position = read_ & (geometry_.capacity - 1);
       const SlotHeader& h =
@@ -286,6 +292,8 @@ class RingConsumer {
       last_check_ = check_entry(copy, position, tail_shadow_ - read_, geometry_);
       if (last_check_ != EntryCheck::kOk) return PollResult::kCorrupt;
       last_start_ = read_;
+      last_entries_ = entries_;
+      if (lines_ != nullptr) ++entries_;  // the line of this entry is passed over
       read_ += copy.slots;
       if ((copy.flags & kSlotSkip) != 0) continue;
       out = Entry{slot(position) + kSlotHeaderBytes, copy.length, copy.flags, copy.token};
@@ -298,9 +306,9 @@ class RingConsumer {
   // tail again first if every entry known so far is read. Every published byte from the slot
   // on may be copied (up to `contiguous` slots) and the copy handed to next().
   CARACAL_INLINE const std::byte* peek(uint32_t& contiguous) {
-    if (read_ == tail_shadow_) refresh_tail();
+    if (!has_published()) refresh_tail();
     const uint32_t position = read_ & (geometry_.capacity - 1);
-    const uint32_t published = tail_shadow_ - read_;
+    const uint32_t published = has_published() ? tail_shadow_ - read_ : 0;
     const uint32_t to_end = geometry_.capacity - position;
     contiguous = published < to_end ? published : to_end;
     return contiguous == 0 ? nullptr : slot(position);
@@ -316,6 +324,34 @@ class RingConsumer {
     return lines_ + static_cast<uint64_t>(entries_ & (geometry_.capacity - 1)) * kLineWords;
   }
   CARACAL_INLINE bool has_lines() const { return lines_ != nullptr; }
+
+  // What a group's line read is for one thread (host tests and tools): loads the next entry's
+  // line (the first word with acquire), and when every flag is in place decodes it into
+  // `image` (kLineDataBytes) and takes the entry with next(), going on past skip markers.
+  // kEmpty while the line is not all there.
+  CARACAL_INLINE PollResult next_by_line(Entry& out, std::byte* image) {
+    for (;;) {
+      uint32_t flag = 0;
+      const uint64_t* words = line(flag);
+      for (uint32_t k = 0; k < kLineWords; ++k) {
+        const uint64_t w = k == 0 ? load_acquire(words) : load_relaxed(words + k);
+        if (line_word_flag(w) != flag) return PollResult::kEmpty;
+        const uint32_t d = line_word_data(w);
+        memcpy(image + 4 * k, &d, 4);
+      }
+      const uint32_t before = entries_;
+      const PollResult r = next(out, false, image);
+      if (r != PollResult::kEmpty || entries_ == before) return r;  // past a skip: go on
+    }
+  }
+
+  // With RX lines: loads the producer's tail relaxed, next to a group's line read (one round
+  // trip for both), for next() without refresh to continue a burst past the line's entry. The
+  // acquire fence that makes those entries' slots visible is paid only when it does.
+  CARACAL_INLINE void load_tail_hint() {
+    tail_hint_ = load_relaxed(tail_word_);
+    has_tail_hint_ = true;
+  }
 
   // Puts back the entry the last next() returned, so the next call returns it again (for a
   // consumer that finds it cannot take the entry now, say because its reply ring is full).
@@ -364,7 +400,9 @@ class RingConsumer {
     if (tail - read_ <= geometry_.capacity) tail_shadow_ = tail;
   }
 
-  CARACAL_INLINE uint32_t pending_slots() const { return tail_shadow_ - read_; }
+  CARACAL_INLINE uint32_t pending_slots() const {
+    return has_published() ? tail_shadow_ - read_ : 0;
+  }
   CARACAL_INLINE EntryCheck last_check() const { return last_check_; }
   CARACAL_INLINE uint32_t head() const { return head_; }
   CARACAL_INLINE uint32_t read_position() const { return read_; }
@@ -387,57 +425,43 @@ class RingConsumer {
     }
   }
 
-  // next() with RX lines. The header comes from `image` (checked by the caller) or from the
-  // line's first four words; every one must carry the entry's flag, or the entry is not there
-  // yet. The entry cannot reach past head + capacity: the producer had no credits beyond it.
-  //
-  // The slots are read after the line as follows. On the host the first word is loaded with
-  // acquire. On the GPU the words are loaded relaxed, as one load of the group (an acquire
-  // load would hold back the others for a round trip across PCIe), and an acquire fence
-  // follows when the entry's payload is to be read from its slots; a short payload taken from
-  // an image needs none. Either pairs with the release store of the first word in
-  // RemoteRingProducer::write_line.
-  CARACAL_INLINE PollResult next_from_line(Entry& out, bool refresh, const std::byte* image) {
-    for (;;) {
-      SlotHeader h;
-      const bool from_image = image != nullptr;
-      if (from_image) {
-        memcpy(&h, image, sizeof(h));
-        image = nullptr;  // only the first line has a copy
-      } else {
-        if (!refresh) return PollResult::kEmpty;
-        uint32_t flag = 0;
-        const uint64_t* words = line(flag);
-        uint32_t data[kSlotHeaderBytes / 4];
-        for (uint32_t k = 0; k < kSlotHeaderBytes / 4; ++k) {
-#if defined(__CUDA_ARCH__)
-          const uint64_t w = load_relaxed(words + k);
-#else
-          const uint64_t w = k == 0 ? load_acquire(words) : load_relaxed(words + k);
-#endif
-          if (line_word_flag(w) != flag) return PollResult::kEmpty;
-          data[k] = line_word_data(w);
-        }
-        memcpy(&h, data, sizeof(h));
-      }
-      const bool payload_in_slots =
-          (h.flags & kSlotSkip) == 0 && (!from_image || h.length > kLineInlineBytes);
-#if defined(__CUDA_ARCH__)
-      if (payload_in_slots) fence_acquire();
-#else
-      if (payload_in_slots && from_image) fence_acquire();
-#endif
-      const uint32_t position = read_ & (geometry_.capacity - 1);
-      last_check_ = check_entry(h, position, geometry_.capacity - (read_ - head_), geometry_);
-      if (last_check_ != EntryCheck::kOk) return PollResult::kCorrupt;
-      last_start_ = read_;
-      last_entries_ = entries_;
-      read_ += h.slots;
-      ++entries_;
-      if ((h.flags & kSlotSkip) != 0) continue;
-      out = Entry{slot(position) + kSlotHeaderBytes, h.length, h.flags, h.token};
-      return PollResult::kReady;
-    }
+  // Whether the known tail covers an entry past what was read. Entries taken from RX lines can
+  // put the read position past the tail, which then covers nothing.
+  CARACAL_INLINE bool has_published() const {
+    const uint32_t pending = tail_shadow_ - read_;
+    return pending != 0 && pending <= geometry_.capacity;
+  }
+  // Takes the tail of load_tail_hint() when it covers more than was read: an acquire fence, then
+  // the relaxed load's value (the fence pairs with the producer's release of that tail).
+  CARACAL_INLINE bool take_tail_hint() {
+    if (!has_tail_hint_) return false;
+    has_tail_hint_ = false;
+    const uint32_t pending = tail_hint_ - read_;
+    if (pending == 0 || pending > geometry_.capacity) return false;
+    fence_acquire();
+    tail_shadow_ = tail_hint_;
+    return true;
+  }
+
+  // next() from an image of the next entry's line (checked by the caller). The entry cannot
+  // reach past head + capacity: the producer had no credits beyond it. A payload longer than the
+  // line holds is read from the slots, after an acquire fence that pairs with the release store
+  // of the line's first word in RemoteRingProducer::write_line (the image's loads were relaxed).
+  CARACAL_INLINE PollResult next_from_line(Entry& out, const std::byte* image) {
+    SlotHeader h;
+    memcpy(&h, image, sizeof(h));
+    if ((h.flags & kSlotSkip) == 0 && h.length > kLineInlineBytes) fence_acquire();
+    const uint32_t position = read_ & (geometry_.capacity - 1);
+    last_check_ = check_entry(h, position, geometry_.capacity - (read_ - head_), geometry_);
+    if (last_check_ != EntryCheck::kOk) return PollResult::kCorrupt;
+    last_start_ = read_;
+    last_entries_ = entries_;
+    read_ += h.slots;
+    ++entries_;
+    // A skip marker's line only moves the consumer on; the next entry needs its own line.
+    if ((h.flags & kSlotSkip) != 0) return PollResult::kEmpty;
+    out = Entry{slot(position) + kSlotHeaderBytes, h.length, h.flags, h.token};
+    return PollResult::kReady;
   }
 
   std::byte* slots_ = nullptr;
@@ -454,6 +478,8 @@ class RingConsumer {
   uint32_t entries_ = 0;             // entries read (RX lines)
   uint32_t last_entries_ = 0;
   uint32_t published_entries_ = 0;
+  uint32_t tail_hint_ = 0;  // load_tail_hint()
+  bool has_tail_hint_ = false;
 };
 
 }  // namespace caracal::mqueue

@@ -19,10 +19,10 @@
 // cumulative over what the releasing thread has observed that way. Likewise the leader's
 // acquire of an RX tail, then the barrier, orders every thread's reads of that payload after it.
 //
-// With RX lines (mqueue/layout.hpp) the tail is never read: the group loads the next entry's
-// line (relaxed, each word checked by its own flag). When the payload is longer than the line
-// holds, the leader's system-scope acquire fence in RingConsumer::next, then the barrier, order
-// every thread's reads of the entry's slots after the line.
+// With RX lines (mqueue/layout.hpp) warps and blocks poll the next entry's line (relaxed, each
+// word checked by its own flag) and the tail with it. When the payload is longer than the line
+// holds, or the burst goes on by the tail, the leader's system-scope acquire fence in
+// RingConsumer::next, then the barrier, order every thread's reads of the slots after them.
 //
 // Publishing. A burst ends with one system-scope release fence, then relaxed stores of the TX
 // tail and the RX head (RingProducer/RingConsumer::publish_after_fence).
@@ -190,8 +190,9 @@ __device__ inline void overrun_error(Response& resp, Tally& tally) {
 //
 // With RX lines (mqueue/layout.hpp) a warp or block reads the next entry's line instead, a word
 // a lane, and decodes it into the image when every word carries the entry's flag: one read
-// across PCIe finds the entry and, up to kLineInlineBytes, delivers it. The burst is then that
-// one entry (a second line read would cost what it saves).
+// across PCIe finds the entry and, up to kLineInlineBytes, delivers it. The leader loads the
+// tail in the same round trip; when it covers more entries, the burst goes on through the ring
+// as above, after one acquire fence.
 template <class H, class L>
 __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q, H& handler,
                                 Context& ctx, Mailbox* box, bool leader, Tally& tally) {
@@ -216,14 +217,20 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
     const uint64_t* line = box->line;
     if (line != nullptr) {
       const uint32_t flag = box->line_flag;
-      bool whole = true;
-      for (uint32_t k = L::rank(); k < mqueue::kLineWords; k += L::size()) {
-        // Relaxed, so the lanes' loads go out together; the leader's next() fences before a
-        // payload that is not in the image is read from the slots.
-        const uint64_t w = mqueue::load_relaxed(line + k);
-        whole = whole && mqueue::line_word_flag(w) == flag;
-        const uint32_t d = mqueue::line_word_data(w);
-        *reinterpret_cast<uint32_t*>(box->image + 4 * k) = d;  // the image is 16-byte aligned
+      // A word a lane (warps have 32 lanes, blocks at least 32 threads), relaxed, so the loads
+      // go out together; the leader's next() fences before a payload that is not in the image
+      // is read from the slots. The leader loads the tail too, before any of the words is used,
+      // so that it travels in the same round trip: it tells the burst whether entries follow
+      // (RingConsumer::load_tail_hint).
+      static_assert(mqueue::kLineWords == 32);
+      const uint32_t k = L::rank();
+      const bool mine = k < mqueue::kLineWords;
+      const uint64_t w = mine ? mqueue::load_relaxed(line + k) : mqueue::line_word(flag, 0);
+      if (leader) qs.rx.load_tail_hint();
+      bool whole = mqueue::line_word_flag(w) == flag;
+      if (mine) {
+        // The image is 16-byte aligned.
+        *reinterpret_cast<uint32_t*>(box->image + 4 * k) = mqueue::line_word_data(w);
       }
       // The vote, then a barrier (a warp's vote orders no memory): the image is complete.
       whole = L::all(whole);
@@ -333,10 +340,9 @@ __device__ uint32_t serve_batches(const KernelArgs& a, QueueState& qs, uint32_t 
         }
         mqueue::Entry e;
         while (k < kBatch && (k + 2) * per_reply - 1 <= room) {
-          // The tail is read again only for the first request of the burst. With RX lines
-          // every request's line is read (a batch of one would waste the batched handler), so
-          // the batch ends with the read of a line that is not there yet.
-          const mqueue::PollResult r = qs.rx.next(e, (total == 0 && k == 0) || qs.rx.has_lines());
+          // The tail is read again only for the first request of the burst (RX lines or not:
+          // a batch goes by the tail).
+          const mqueue::PollResult r = qs.rx.next(e, total == 0 && k == 0);
           if (r == mqueue::PollResult::kEmpty) break;
           if (r == mqueue::PollResult::kCorrupt) {
             qs.stopped = 1;

@@ -88,8 +88,8 @@ inline constexpr uint16_t kKnownSlotFlags = kSlotSkip | kSlotError | kSlotNoRepl
 //    payload from the slots orders those reads after the line with an acquire: the first
 //    word's load (host), or a fence after the relaxed loads (GPU, where an acquire load would
 //    hold the other loads back for a round trip). A short payload taken from the line needs
-//    neither. The tail is still published, for recovery and for tools; a consumer that polls
-//    lines never reads it.
+//    neither. The tail is still published once per burst: a consumer goes on by it after
+//    an entry taken from a line, and goes by it alone where lines gain nothing.
 //  - The entry counts live in the second word of the rx_tail line (the producer's, published
 //    with the tail) and of the rx_head line (the consumer's, published with the head), so each
 //    side can resume where the last one stopped.

@@ -68,8 +68,9 @@ inline constexpr uint16_t kKnownSlotFlags = kSlotSkip | kSlotError | kSlotNoRepl
 // RX lines (kFeatureRxLines). Across PCIe the ring protocol costs the accelerator two reads in
 // a row for every burst: the tail, then the entry it covers (the entry may be read only after
 // the tail that publishes it). With RX lines, the SmartNIC also announces every RX entry, skip
-// markers included, in a line of its own, and the accelerator polls the line instead of the
-// tail: the line's first read both discovers the entry and, for a short one, delivers it.
+// markers included, in a line of its own, and a GPU warp polls the next entry's line (with the
+// tail, in the same round trip, for what follows it): the line's first read both discovers the
+// entry and, for a short one, delivers it.
 //  - A line is kLineWords 8-byte words. Each word holds 4 bytes of data in its low half and a
 //    4-byte flag in its high half (NCCL's "LL" encoding). An aligned 8-byte store and an aligned
 //    8-byte load are single-copy atomic on both sides of PCIe (and for an RDMA WRITE's DMA), so

@@ -52,9 +52,9 @@ CARACAL_INLINE void store_relaxed(uint32_t* word, uint32_t value) {
 }
 
 // A word of an RX line (layout.hpp): aligned 8-byte accesses, single-copy atomic. Each word
-// carries its own flag, so most are relaxed; the line's first word is stored with release and
-// loaded with acquire, which orders the entry's slots (written before the line) before the
-// consumer's reads of them.
+// carries its own flag, so most are relaxed; the line's first word is stored with release, and
+// an acquire after it is seen (its load on the host, a fence on the GPU) orders the entry's
+// slots (written before the line) before the consumer's reads of them.
 CARACAL_INLINE uint64_t load_relaxed(const uint64_t* word) {
   return SystemAtomicRef<uint64_t>(*const_cast<uint64_t*>(word)).load(mo::memory_order_relaxed);
 }

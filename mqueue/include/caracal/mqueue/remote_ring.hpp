@@ -91,8 +91,8 @@ class RemoteRingProducer {
   }
 
   // Posts the tail once per burst; the transport orders it after the entries' writes. With RX
-  // lines the entry count goes first (the consumer polls the lines and reads neither; they
-  // are for a producer that takes the ring over later).
+  // lines the entry count goes first: the consumer never reads it (it keeps its own count),
+  // it is for a producer that takes the ring over later.
   void publish() {
     if (tail_ != published_tail_) {
       if (has_lines() && entries_ != published_entries_) {

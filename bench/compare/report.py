@@ -59,6 +59,8 @@ def load(results):
                 p["errors"] = lg["errors"]
                 p["config"] = lg["config"]
                 p["loadgen_machine"] = lg["machine"]
+                if "client_cpu" in lg:
+                    p["client_cpu"] = lg["client_cpu"]
             except (OSError, ValueError, KeyError) as e:
                 p["missing"] = f"{p['json']}: {e}"
         if "sockperf" in p:
@@ -149,15 +151,21 @@ def markdown(run):
         lines.append("## Where the server cores go at saturation (cores per thread name)")
         lines.append("")
         lines.append("Threads of one name are summed (caracal-io: snic_server's I/O threads, "
-                     "caracal-engine: its engine, caracal_*_agent: the agent's main thread).")
+                     "caracal-engine: its engine, caracal_*_agent: the agent's main thread). "
+                     "The last column is the load generator's own CPU over the measured window, "
+                     "all its threads and the busiest one: a busiest thread near 1.00 means the "
+                     "client may be what limits the point.")
         lines.append("")
-        lines.append("| server | handler | proto | size | cores | threads |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append("| server | handler | proto | size | cores | threads | client cores "
+                     "(busiest thread) |")
+        lines.append("|---|---|---|---|---|---|---|")
         for q in sats:
             per = sorted(q["threads"].items(), key=lambda kv: -kv[1])
+            cc = q.get("client_cpu")
+            client = (f"{cc['cores']:.2f} ({cc['busiest_thread_cores']:.2f})" if cc else "-")
             lines.append(f"| {q['server']} | {q['handler']} | {q['proto']} | {q['size']} | "
                          f"{q.get('cpu_cores') or 0:.2f} | "
-                         + ", ".join(f"{n} {c:.2f}" for n, c in per) + " |")
+                         + ", ".join(f"{n} {c:.2f}" for n, c in per) + f" | {client} |")
         lines.append("")
 
     opens = [q for q in pts if str(q.get("kind", "")).startswith("open-") and "latency" in q]

@@ -24,7 +24,12 @@
 // counted and the first few are printed. Exit status: 0 when nothing was wrong and every
 // connection stayed up (with --strict, also nothing lost, late or unanswered and at least one
 // reply measured); 1 otherwise; 2 for a bad command line.
+//
+// The client's own CPU time over the measured window is reported too (each client thread's
+// clock, read at the window's start and end): a busiest thread near 1.0 core means this client,
+// not the server, may be what limits a saturation point.
 #include <CLI/CLI.hpp>
+#include <pthread.h>
 #include <algorithm>
 #include <array>
 #include <boost/asio.hpp>
@@ -37,6 +42,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <time.h>
 
 #include "histogram.hpp"
 #include "json_writer.hpp"
@@ -497,6 +504,23 @@ class UdpConn final : public Conn {
   std::vector<std::unique_ptr<Sock>> socks_;
 };
 
+// CPU seconds a running thread has used (its CPU-time clock), or a negative value when the
+// clock cannot be read.
+double thread_cpu_seconds(std::thread& t) {
+  clockid_t id;
+  timespec ts{};
+  if (pthread_getcpuclockid(t.native_handle(), &id) != 0 || clock_gettime(id, &ts) != 0)
+    return -1;
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// The client threads' CPU use over the measured window, in cores.
+struct ClientCpu {
+  double cores = 0;           // all client threads together
+  double busiest_thread = 0;  // the busiest one
+  bool known = false;
+};
+
 void write_latency(JsonWriter& j, const LatencyHistogram& h) {
   j.begin_object();
   j.field("samples", h.count());
@@ -584,11 +608,32 @@ int run(const Options& o) {
   plan.start = Clock::now() + std::chrono::milliseconds(10);
   plan.measure_begin = plan.start + to_dur(o.warmup_s);
   plan.measure_end = plan.measure_begin + to_dur(o.duration_s);
+  ClientCpu client_cpu;
   {
     std::this_thread::sleep_until(plan.start);
     std::vector<std::thread> workers;
     for (auto& r : runners)
       workers.emplace_back([&r] { r->run(); });
+    // Every worker runs until the window's end and drains after it, so each clock can be read
+    // at both edges.
+    const auto sample = [&workers] {
+      std::vector<double> v;
+      for (auto& w : workers)
+        v.push_back(thread_cpu_seconds(w));
+      return v;
+    };
+    std::this_thread::sleep_until(plan.measure_begin);
+    const std::vector<double> begin = sample();
+    std::this_thread::sleep_until(plan.measure_end);
+    const std::vector<double> end = sample();
+    const double window = std::chrono::duration<double>(plan.measure_end - plan.measure_begin).count();
+    client_cpu.known = window > 0;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (begin[i] < 0 || end[i] < 0) client_cpu.known = false;
+      const double cores = (end[i] - begin[i]) / window;
+      client_cpu.cores += cores;
+      client_cpu.busiest_thread = std::max(client_cpu.busiest_thread, cores);
+    }
     for (auto& w : workers)
       w.join();
   }
@@ -607,14 +652,15 @@ int run(const Options& o) {
   std::printf(
       "%s %s %s sizes=%s conns=%u window=%u%s: %.0f req/s, p50 %.1f us, p99 %.1f us, p99.9 %.1f "
       "us, max %.1f us; sent %lu, wrong %lu, lost %lu, late %lu, unanswered %lu, send errors "
-      "%lu, connection errors %lu\n",
+      "%lu, connection errors %lu; client %.2f cores (busiest thread %.2f)\n",
       o.proto.c_str(), o.handler.c_str(), o.mode.c_str(), o.sizes.c_str(), o.connections, o.window,
       plan.open ? (" rate=" + std::to_string(static_cast<uint64_t>(o.rate))).c_str() : "",
       throughput, hist.percentile(50) / 1e3, hist.percentile(99) / 1e3, hist.percentile(99.9) / 1e3,
       hist.max() / 1e3, static_cast<unsigned long>(c.sent), static_cast<unsigned long>(c.wrong),
       static_cast<unsigned long>(c.lost), static_cast<unsigned long>(c.late),
       static_cast<unsigned long>(c.unanswered), static_cast<unsigned long>(c.send_errors),
-      static_cast<unsigned long>(c.connection_errors));
+      static_cast<unsigned long>(c.connection_errors), client_cpu.cores,
+      client_cpu.busiest_thread);
   for (const auto& e : errors)
     std::fprintf(stderr, "caracal_loadgen: %s\n", e.c_str());
 
@@ -666,6 +712,14 @@ int run(const Options& o) {
     j.field("send_errors", c.send_errors);
     j.field("connection_errors", c.connection_errors);
     j.end_object();
+    if (client_cpu.known) {
+      j.key("client_cpu");
+      j.begin_object();
+      j.field("cores", client_cpu.cores);
+      j.field("busiest_thread_cores", client_cpu.busiest_thread);
+      j.field("threads", threads);
+      j.end_object();
+    }
     j.key("errors");
     j.begin_array();
     for (const auto& e : errors)

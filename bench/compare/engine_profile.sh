@@ -8,7 +8,7 @@
 #   bench/compare/engine_profile.sh BUILD_DIR RESULTS_DIR
 #
 # Knobs (environment): SNIC (default BUILD_DIR's), POINTS ("echo:udp:16384 echo:tcp:16384"),
-# DURATION (2), WARMUP (0.5), THREADS (4), LOADGEN_THREADS (4), SAT_CONNECTIONS (8),
+# DURATION (2), WARMUP (0.5), THREADS (4), LOADGEN_THREADS (8), SAT_CONNECTIONS (8),
 # SAT_WINDOW (16), CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (0), PERF, ENGINE_THREADS
 # (snic_server's engine_threads; unset: the server's default). With several engine threads each
 # prints its own report; PERF samples the first, or with PERF_PROCESS=1 every thread of
@@ -23,7 +23,7 @@ POINTS=${POINTS:-"echo:udp:16384 echo:tcp:16384"}
 DURATION=${DURATION:-2}
 WARMUP=${WARMUP:-0.5}
 THREADS=${THREADS:-4}
-LOADGEN_THREADS=${LOADGEN_THREADS:-4}
+LOADGEN_THREADS=${LOADGEN_THREADS:-8}
 SAT_CONNECTIONS=${SAT_CONNECTIONS:-8}
 SAT_WINDOW=${SAT_WINDOW:-16}
 CARACAL_ACCEL=${CARACAL_ACCEL:-gpu:0}

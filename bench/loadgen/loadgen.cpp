@@ -25,11 +25,10 @@
 // connection stayed up (with --strict, also nothing lost, late or unanswered and at least one
 // reply measured); 1 otherwise; 2 for a bad command line.
 //
-// The client's own CPU time over the measured window is reported too (each client thread's
-// clock, read at the window's start and end): a busiest thread near 1.0 core means this client,
-// not the server, may be what limits a saturation point.
+// The client's own CPU time over the measured window is reported too (each client thread reads
+// its own CPU clock at the window's start and end): a busiest thread near 1.0 core means this
+// client, not the server, may be what limits a saturation point.
 #include <CLI/CLI.hpp>
-#include <pthread.h>
 #include <algorithm>
 #include <array>
 #include <boost/asio.hpp>
@@ -171,13 +170,21 @@ class Conn {
 
 class Runner {
  public:
-  Runner(const Plan& plan) : plan(plan), stop_timer(io) {}
+  Runner(const Plan& plan) : plan(plan), stop_timer(io), begin_sample(io), end_sample(io) {}
   void run() {
     for (auto& c : conns)
       asio::post(io, [c = c.get()] { c->start(); });
     stop_timer.expires_at(plan.measure_end + plan.timeout);
     stop_timer.async_wait([this](boost::system::error_code ec) {
       if (!ec) finish();
+    });
+    begin_sample.expires_at(plan.measure_begin);
+    begin_sample.async_wait([this](boost::system::error_code ec) {
+      if (!ec) cpu_at_begin = thread_cpu_seconds();
+    });
+    end_sample.expires_at(plan.measure_end);
+    end_sample.async_wait([this](boost::system::error_code ec) {
+      if (!ec) cpu_at_end = thread_cpu_seconds();
     });
     if (plan.opt->busy_poll) {
       // Never sleeps in the kernel between replies: a reply is taken as soon as it arrives,
@@ -195,6 +202,10 @@ class Runner {
     if (finished) return;
     finished = true;
     stop_timer.cancel();
+    // The last reply can come in the same instant the window ends, before the end's sample.
+    if (cpu_at_end < 0 && Clock::now() >= plan.measure_end) cpu_at_end = thread_cpu_seconds();
+    begin_sample.cancel();
+    end_sample.cancel();
     st.c.unanswered += st.in_flight;
     st.in_flight = 0;
     for (auto& c : conns)
@@ -209,6 +220,17 @@ class Runner {
   ThreadState st;
   std::vector<std::unique_ptr<Conn>> conns;
   asio::steady_timer stop_timer;
+  // This thread's CPU clock at the measured window's start and end (negative: not read).
+  asio::steady_timer begin_sample;
+  asio::steady_timer end_sample;
+  double cpu_at_begin = -1;
+  double cpu_at_end = -1;
+
+  static double thread_cpu_seconds() {
+    timespec ts{};
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return -1;
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  }
   bool finished = false;
 };
 
@@ -504,14 +526,10 @@ class UdpConn final : public Conn {
   std::vector<std::unique_ptr<Sock>> socks_;
 };
 
-// CPU seconds a running thread has used (its CPU-time clock), or a negative value when the
-// clock cannot be read.
-double thread_cpu_seconds(std::thread& t) {
-  clockid_t id;
-  timespec ts{};
-  if (pthread_getcpuclockid(t.native_handle(), &id) != 0 || clock_gettime(id, &ts) != 0)
-    return -1;
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+std::string two_decimals(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", v);
+  return b;
 }
 
 // The client threads' CPU use over the measured window, in cores.
@@ -608,35 +626,26 @@ int run(const Options& o) {
   plan.start = Clock::now() + std::chrono::milliseconds(10);
   plan.measure_begin = plan.start + to_dur(o.warmup_s);
   plan.measure_end = plan.measure_begin + to_dur(o.duration_s);
-  ClientCpu client_cpu;
   {
     std::this_thread::sleep_until(plan.start);
     std::vector<std::thread> workers;
     for (auto& r : runners)
       workers.emplace_back([&r] { r->run(); });
-    // Every worker runs until the window's end and drains after it, so each clock can be read
-    // at both edges.
-    const auto sample = [&workers] {
-      std::vector<double> v;
-      for (auto& w : workers)
-        v.push_back(thread_cpu_seconds(w));
-      return v;
-    };
-    std::this_thread::sleep_until(plan.measure_begin);
-    const std::vector<double> begin = sample();
-    std::this_thread::sleep_until(plan.measure_end);
-    const std::vector<double> end = sample();
-    const double window = std::chrono::duration<double>(plan.measure_end - plan.measure_begin).count();
-    client_cpu.known = window > 0;
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (begin[i] < 0 || end[i] < 0) client_cpu.known = false;
-      const double cores = (end[i] - begin[i]) / window;
-      client_cpu.cores += cores;
-      client_cpu.busiest_thread = std::max(client_cpu.busiest_thread, cores);
-    }
     for (auto& w : workers)
       w.join();
   }
+  ClientCpu client_cpu;
+  client_cpu.known = o.duration_s > 0;
+  for (auto& r : runners) {
+    if (r->cpu_at_begin < 0 || r->cpu_at_end < 0) client_cpu.known = false;
+    const double cores = (r->cpu_at_end - r->cpu_at_begin) / o.duration_s;
+    client_cpu.cores += cores;
+    client_cpu.busiest_thread = std::max(client_cpu.busiest_thread, cores);
+  }
+  const std::string client_cpu_text =
+      client_cpu.known ? "client " + two_decimals(client_cpu.cores) + " cores (busiest thread " +
+                             two_decimals(client_cpu.busiest_thread) + ")"
+                       : "client cores not known";
 
   LatencyHistogram hist;
   Counters c;
@@ -652,15 +661,14 @@ int run(const Options& o) {
   std::printf(
       "%s %s %s sizes=%s conns=%u window=%u%s: %.0f req/s, p50 %.1f us, p99 %.1f us, p99.9 %.1f "
       "us, max %.1f us; sent %lu, wrong %lu, lost %lu, late %lu, unanswered %lu, send errors "
-      "%lu, connection errors %lu; client %.2f cores (busiest thread %.2f)\n",
+      "%lu, connection errors %lu; %s\n",
       o.proto.c_str(), o.handler.c_str(), o.mode.c_str(), o.sizes.c_str(), o.connections, o.window,
       plan.open ? (" rate=" + std::to_string(static_cast<uint64_t>(o.rate))).c_str() : "",
       throughput, hist.percentile(50) / 1e3, hist.percentile(99) / 1e3, hist.percentile(99.9) / 1e3,
       hist.max() / 1e3, static_cast<unsigned long>(c.sent), static_cast<unsigned long>(c.wrong),
       static_cast<unsigned long>(c.lost), static_cast<unsigned long>(c.late),
       static_cast<unsigned long>(c.unanswered), static_cast<unsigned long>(c.send_errors),
-      static_cast<unsigned long>(c.connection_errors), client_cpu.cores,
-      client_cpu.busiest_thread);
+      static_cast<unsigned long>(c.connection_errors), client_cpu_text.c_str());
   for (const auto& e : errors)
     std::fprintf(stderr, "caracal_loadgen: %s\n", e.c_str());
 

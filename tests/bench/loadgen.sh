@@ -39,6 +39,15 @@ gen() {
     "$@" >"$WORK/$name.out" 2>&1 || { cat "$WORK/$name.out"; fail "$name: loadgen exited $?"; }
   sed "s/^/$name: /" "$WORK/$name.out"
   grep -q '"p99_ns"' "$WORK/$name.json" || fail "$name: no latency in the JSON"
+  # The client's own CPU over the window: some, and no thread above the total.
+  local cores busiest
+  cores=$(sed -nE 's/^ *"cores": ([0-9.e+-]+),?$/\1/p' "$WORK/$name.json")
+  busiest=$(sed -nE 's/^ *"busiest_thread_cores": ([0-9.e+-]+),?$/\1/p' "$WORK/$name.json")
+  [ -n "$cores" ] && [ -n "$busiest" ] || fail "$name: no client CPU in the JSON"
+  awk -v c="$cores" -v b="$busiest" 'BEGIN { exit !(c > 0 && b > 0 && b <= c + 1e-9) }' ||
+    fail "$name: client CPU $cores cores, busiest thread $busiest"
+  grep -q "; client [0-9.]* cores (busiest thread [0-9.]*)" "$WORK/$name.out" ||
+    fail "$name: no client CPU in the summary line"
 }
 
 SIZES=64:1,1024:1,16384:1

@@ -2,6 +2,7 @@
 // truncated, late), and matvec replies against the CPU reference.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -133,6 +134,26 @@ TEST(MatVec, ReferenceIsNotTrivial) {
     nonzero += v != 0.0f;
   EXPECT_GT(nonzero, 8);
   EXPECT_NE(std::memcmp(y.data(), s.bytes.data(), 64), 0);
+}
+
+// The check compares every output in one pass and names the first wrong one: a NaN is never
+// close, an output just inside the tolerance passes and one just outside does not.
+TEST(MatVec, CheckNamesTheFirstWrongOutputAndRefusesNaN) {
+  const std::vector<float> expected(4096, 0.5f);
+  std::vector<float> reply = expected;
+  const uint32_t bytes = static_cast<uint32_t>(reply.size() * sizeof(float));
+  EXPECT_EQ(examples::matvec_check(reply.data(), bytes, expected), "");
+  reply[100] = 0.5f + 1.4e-4f;  // tolerance 1e-4 * (1 + 0.5) = 1.5e-4
+  EXPECT_EQ(examples::matvec_check(reply.data(), bytes, expected), "");
+  reply[100] = 0.5f + 1.6e-4f;
+  reply[4000] = std::nanf("");
+  std::string why = examples::matvec_check(reply.data(), bytes, expected);
+  EXPECT_NE(why.find("output 100 (vector 6)"), std::string::npos) << why;
+  reply[100] = 0.5f;
+  why = examples::matvec_check(reply.data(), bytes, expected);
+  EXPECT_NE(why.find("output 4000 (vector 250)"), std::string::npos) << why;
+  EXPECT_NE(examples::matvec_check(reply.data(), bytes - 4, expected).find("reply is 16380 bytes"),
+            std::string::npos);
 }
 
 TEST(MatVec, BadSizesGetAnError) {

@@ -28,7 +28,7 @@
 # Knobs (environment): DURATION (s per point, 2), WARMUP (s, 0.5), THREADS (4), SIZES
 # ("64 1024 16384"), LOADGEN_THREADS (8: a thread per connection; with 4 the client limited
 # some 16 KiB points), SAT_CONNECTIONS (8), SAT_WINDOW (16), OPEN_SIZES
-# ("1024"), OPEN_FRACTIONS ("0.25 0.5 0.75 0.9 1.1"), BATCH (64), BATCH_TIMEOUT_US (20),
+# ("1024"; set and empty: none), OPEN_FRACTIONS ("0.25 0.5 0.75 0.9 1.1"), BATCH (64), BATCH_TIMEOUT_US (20),
 # CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (the agent's gpu.workers; 0: one per
 # queue), CPU_WORKERS (cpu.workers, 1), SOCKPERF (path; else PATH, else build-debs/*.deb),
 # SERVERS (of "caracal host_centric cpu"; default: every one built), SNIC (the snic_server
@@ -57,7 +57,7 @@ SIZES=${SIZES:-"64 1024 16384"}
 LOADGEN_THREADS=${LOADGEN_THREADS:-8}
 SAT_CONNECTIONS=${SAT_CONNECTIONS:-8}
 SAT_WINDOW=${SAT_WINDOW:-16}
-OPEN_SIZES=${OPEN_SIZES:-"1024"}
+OPEN_SIZES=${OPEN_SIZES-"1024"}  # set and empty: no open-loop points
 OPEN_FRACTIONS=${OPEN_FRACTIONS:-"0.25 0.5 0.75 0.9 1.1"}
 BATCH=${BATCH:-64}
 BATCH_TIMEOUT_US=${BATCH_TIMEOUT_US:-20}

@@ -195,20 +195,59 @@ __device__ inline uint64_t ll_load(uint64_t* w) {
 // i, then answers like the other steps (fence, flag); 6: the same with a 128-byte line (16
 // lanes); 7: 256 bytes in, and the reply is a 256-byte LL line too (no fence); 8: as 5, with a
 // 64 B write before the fence (an LL RX ring with today's TX).
+//
+// 9, 10: as 5, and 11: as 7, with the line's reads overlapped: `kPolls` loads of the line are
+// in flight at once, issued a fraction of a round trip apart, and each is re-issued as soon as
+// it has been checked. A read across PCIe takes about a microsecond, so with one load in flight
+// a line written just after a load sampled it waits for that load and then a whole next one;
+// with four staggered loads it waits for a quarter of that. Whether the GPU sends overlapping
+// reads of one address across PCIe, or merges them, is what these steps show.
+//
+// 12, 13: as 9 and 10, but the driver writes 2 or 4 copies of the line (kLlCopiesOffset) and
+// each load in flight reads its own copy: whether reads of different addresses overlap where
+// reads of one address do not.
+__device__ inline uint32_t ll_polls(int kind) {
+  return (kind == 9 || kind == 12) ? 2 : (kind == 10 || kind == 11 || kind == 13) ? 4 : 1;
+}
+inline constexpr uint32_t kLlCopiesOffset = 4096;  // kinds 12, 13: the line's copies
+
+// `copy_words`: 0, every load reads `line`; 32, load k reads copy k (kinds 12, 13).
+template <uint32_t kPolls>
+__device__ bool ll_wait(uint64_t* line, uint32_t lane, uint32_t words, uint32_t i, uint64_t& out,
+                        uint32_t stagger_ns, uint32_t copy_words) {
+  uint64_t w[kPolls];
+#pragma unroll
+  for (uint32_t k = 0; k < kPolls; ++k) {
+    w[k] = lane < words ? ll_load(line + k * copy_words + lane) : uint64_t{i} << 32;
+    if (k + 1 < kPolls) __nanosleep(stagger_ns);
+  }
+  for (uint32_t spins = 0; spins < (1u << 28); ++spins) {
+#pragma unroll
+    for (uint32_t k = 0; k < kPolls; ++k) {
+      if (__all_sync(0xffffffffu, static_cast<uint32_t>(w[k] >> 32) == i)) {
+        out = w[k];
+        return true;
+      }
+      w[k] = lane < words ? ll_load(line + k * copy_words + lane) : uint64_t{i} << 32;
+    }
+  }
+  return false;  // the driver is gone
+}
+
 __global__ void ll_responder(uint32_t* pong, uint64_t* line, uint64_t* reply, uint4* data,
-                             uint32_t count, int kind) {
+                             uint32_t count, int kind, uint32_t stagger_ns) {
   const uint32_t lane = threadIdx.x;
   const uint32_t words = kind == 6 ? 16 : 32;
+  const uint32_t polls = ll_polls(kind);
+  const uint32_t copy_words = kind >= 12 ? 32 : 0;
   for (uint32_t i = 1; i <= count; ++i) {
-    uint32_t spins = 0;
     uint64_t w = 0;
-    for (;;) {
-      w = lane < words ? ll_load(line + lane) : uint64_t{i} << 32;
-      if (__all_sync(0xffffffffu, static_cast<uint32_t>(w >> 32) == i)) break;
-      if (++spins > (1u << 28)) return;  // the driver is gone
-    }
+    const bool seen = polls == 1   ? ll_wait<1>(line, lane, words, i, w, 0, 0)
+                      : polls == 2 ? ll_wait<2>(line, lane, words, i, w, stagger_ns, copy_words)
+                                   : ll_wait<4>(line, lane, words, i, w, stagger_ns, copy_words);
+    if (!seen) return;
     const uint32_t value = static_cast<uint32_t>(w);  // the driver writes i into every word
-    if (kind == 7) {
+    if (kind == 7 || kind == 11) {
       cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(reply[lane])
           .store((uint64_t{i} << 32) | value, cuda::std::memory_order_relaxed);
       continue;
@@ -276,10 +315,11 @@ std::string run_pair(Shared* shared, const std::function<void()>& driver,
   return "";
 }
 
-// kind < 0: the flag responder (the floor); 0-4: step_responder of that kind; 5-8: ll_responder.
-LatencySummary measure_floor(uint32_t count, int kind = -1) {
+// kind < 0: the flag responder (the floor); 0-4: step_responder of that kind; 5-11: ll_responder
+// (9-11 with their loads `stagger_ns` apart at the start).
+LatencySummary measure_floor(uint32_t count, int kind = -1, uint32_t stagger_ns = 0) {
   Shared* shared = map_shared(count);
-  Result<mqueue::ShmMapping> flags = mqueue::ShmMapping::create_memfd("gpu-bench-flags", 4096);
+  Result<mqueue::ShmMapping> flags = mqueue::ShmMapping::create_memfd("gpu-bench-flags", 8192);
   if (!flags.ok()) throw std::runtime_error(flags.status().message());
   auto* ping = reinterpret_cast<uint32_t*>(flags->data());
   auto* pong = reinterpret_cast<uint32_t*>(flags->data() + 64);
@@ -288,7 +328,9 @@ LatencySummary measure_floor(uint32_t count, int kind = -1) {
   const std::string err = run_pair(
       shared,
       [&] {
-        auto* line = reinterpret_cast<uint64_t*>(flags->data() + kLlLineOffset);
+        auto* line = reinterpret_cast<uint64_t*>(
+            flags->data() + (kind >= 12 ? kLlCopiesOffset : kLlLineOffset));
+        const uint32_t copies = kind == 12 ? 2 : kind == 13 ? 4 : 1;
         auto* reply = reinterpret_cast<uint64_t*>(flags->data() + kLlReplyOffset);
         const uint32_t words = kind == 6 ? 16 : 32;
         for (uint32_t i = 1; i <= count; ++i) {
@@ -297,11 +339,13 @@ LatencySummary measure_floor(uint32_t count, int kind = -1) {
             mqueue::store_release(ping, i);
           } else {
             // Relaxed 8-byte stores: each word carries its own flag, no order between them.
-            for (uint32_t w = 0; w < words; ++w)
-              std::atomic_ref<uint64_t>(line[w]).store((uint64_t{i} << 32) | i,
-                                                       std::memory_order_relaxed);
+            for (uint32_t c = 0; c < copies; ++c) {
+              for (uint32_t w = 0; w < words; ++w)
+                std::atomic_ref<uint64_t>(line[c * 32 + w])
+                    .store((uint64_t{i} << 32) | i, std::memory_order_relaxed);
+            }
           }
-          if (kind == 7) {
+          if (kind == 7 || kind == 11) {
             for (uint32_t w = 0; w < 32; ++w) {
               while (std::atomic_ref<uint64_t>(reply[w]).load(std::memory_order_relaxed) >> 32 !=
                      i) {
@@ -331,9 +375,11 @@ LatencySummary measure_floor(uint32_t count, int kind = -1) {
               d_ping, d_pong, reinterpret_cast<uint4*>(range.device() + 1024), count, kind);
         } else {
           ll_responder<<<1, 32, 0, stream.get()>>>(
-              d_pong, reinterpret_cast<uint64_t*>(range.device() + kLlLineOffset),
+              d_pong,
+              reinterpret_cast<uint64_t*>(range.device() +
+                                          (kind >= 12 ? kLlCopiesOffset : kLlLineOffset)),
               reinterpret_cast<uint64_t*>(range.device() + kLlReplyOffset),
-              reinterpret_cast<uint4*>(range.device() + 3072), count, kind);
+              reinterpret_cast<uint4*>(range.device() + 3072), count, kind, stagger_ns);
         }
         return accel::gpu::cuda_status(cudaGetLastError(), "flag responder");
       },
@@ -353,6 +399,7 @@ bool g_rx_lines = false;
 uint32_t g_rtt_queues = 1;
 // --busy-polls: the latency runs' GpuOptions::busy_polls (empty rounds before a worker sleeps).
 uint32_t g_busy_polls = accel::GpuOptions{}.busy_polls;
+uint32_t g_stagger_ns = 300;  // --stagger-ns
 
 struct RingSetup {
   uint32_t queues = 1;
@@ -610,6 +657,8 @@ int main(int argc, char** argv) {
   app.add_flag("--latency-only", latency_only, "only the latency measurements");
   app.add_flag("--rx-lines", g_rx_lines, "regions with RX lines (the kernel polls LL lines)");
   app.add_option("--busy-polls", g_busy_polls, "GPU workers' empty rounds before they sleep");
+  app.add_option("--stagger-ns", g_stagger_ns,
+                 "steps 9-11: time between the first overlapping reads of the line");
   app.add_option("--rtt-queues", g_rtt_queues, "queues polled in the latency runs (1 used)")
       ->check(CLI::Range(1u, 1024u));
   CLI11_PARSE(app, argc, argv);
@@ -640,10 +689,15 @@ int main(int argc, char** argv) {
         "LL request line of 256 B polled by the warp (no flag read)",
         "LL request line of 128 B",
         "LL request line of 256 B, LL reply line of 256 B (no fence)",
-        "LL request line of 256 B, 64 B write"};
+        "LL request line of 256 B, 64 B write",
+        "as 5, two reads of the line in flight",
+        "as 5, four reads of the line in flight",
+        "as 7, four reads of the line in flight",
+        "as 5, two reads in flight, each of its own copy of the line",
+        "as 5, four reads in flight, each of its own copy of the line"};
     std::vector<LatencySummary> steps;
-    for (int k = 0; k < 9; ++k) {
-      steps.push_back(measure_floor(samples, k));
+    for (int k = 0; k < 14; ++k) {
+      steps.push_back(measure_floor(samples, k, g_stagger_ns));
       std::printf("step %d (%s): p50 %.2f us p99 %.2f us\n", k, kStepNames[k],
                   steps.back().p50_ns / 1e3, steps.back().p99_ns / 1e3);
     }

@@ -328,8 +328,8 @@ LatencySummary measure_floor(uint32_t count, int kind = -1, uint32_t stagger_ns 
   const std::string err = run_pair(
       shared,
       [&] {
-        auto* line = reinterpret_cast<uint64_t*>(
-            flags->data() + (kind >= 12 ? kLlCopiesOffset : kLlLineOffset));
+        auto* line = reinterpret_cast<uint64_t*>(flags->data() +
+                                                 (kind >= 12 ? kLlCopiesOffset : kLlLineOffset));
         const uint32_t copies = kind == 12 ? 2 : kind == 13 ? 4 : 1;
         auto* reply = reinterpret_cast<uint64_t*>(flags->data() + kLlReplyOffset);
         const uint32_t words = kind == 6 ? 16 : 32;

@@ -179,7 +179,10 @@ TEST(ServerConfig, RdmaQueuePairRetries) {
 }
 
 TEST(ServerConfig, EngineThreads) {
-  EXPECT_EQ(parse(kValid).engine_threads, 1u);
+  // Without the key the I/O threads run the engine, where there are few enough of them.
+  EXPECT_EQ(parse(kValid).engine_threads, 0u);
+  EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 8")).engine_threads, 0u);
+  EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 12")).engine_threads, 1u);
   EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 3\nengine_threads: 4")).engine_threads, 4u);
   // 0: each I/O thread hosts an engine thread.
   EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 3\nengine_threads: 0")).engine_threads, 0u);

@@ -100,7 +100,10 @@ def markdown(run):
     p = run["params"]
     lines.append(f"- {p['duration_s']} s per point after {p['warmup_s']} s warm-up; servers "
                  f"with {p['server_threads']} I/O threads (snic_server: engine_threads "
-                 f"{p.get('engine_threads', 'default')}); saturation = {p['sat_connections']} "
+                 f"{p.get('engine_threads', 'default')}"
+                 + (f"; caracal_threads: engine_threads {p.get('engine_threads_alt', 2)}"
+                    if "caracal_threads" in servers else "")
+                 + f"); saturation = {p['sat_connections']} "
                  f"connections x window {p['sat_window']} from {p['loadgen_threads']} loadgen "
                  f"threads; host-centric batches up to {p['batch']} requests or "
                  f"{p['batch_timeout_us']} us")

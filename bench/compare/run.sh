@@ -7,6 +7,9 @@
 #   caracal       snic_server (io_threads = $THREADS, engine_threads = $ENGINE_THREADS) + the
 #                 handler's agent on $CARACAL_ACCEL
 #                 (gpu:0; cpu with --cpu-only) over the shm transport
+#   caracal_threads  the same with engine_threads = $ENGINE_THREADS_ALT (2): engine threads of
+#                 their own next to the I/O threads, to compare with `caracal` in one run (only
+#                 when named in SERVERS)
 #   host_centric  caracal_host_centric_server: $THREADS I/O threads, batches of up to $BATCH
 #                 requests or $BATCH_TIMEOUT_US us, one copy / launch / copy back per batch
 #                 (left out with --cpu-only, or when the build has no CUDA)
@@ -37,7 +40,8 @@
 # engine_threads; unset: the key is left out and the server's default applies, so that a server
 # older than the key can run), HANDLERS ("echo matvec"), RX_LINES (the agent's rx_lines: on, off
 # or auto; unset: the key is left out and the agent's default applies, on for a GPU over shm),
-# AGENT_RING_CAPACITY (the agent's ring_capacity, 512 slots of 256 bytes).
+# AGENT_RING_CAPACITY (the agent's ring_capacity, 512 slots of 256 bytes), ENGINE_THREADS_ALT
+# (caracal_threads' engine_threads, 2).
 # With the defaults a full run takes about 7 minutes.
 set -uo pipefail
 
@@ -169,10 +173,12 @@ start_server() {
   local server=$1 handler=$2 log="$RAW/$1-$2"
   SERVER_PIDS=()
   case "$server" in
-    caracal)
+    caracal | caracal_threads)
+      local engine_threads=$ENGINE_THREADS
+      [ "$server" = caracal_threads ] && engine_threads=${ENGINE_THREADS_ALT:-2}
       cat >"$log-server.yaml" <<YAML
 io_threads: $THREADS
-$([ -n "$ENGINE_THREADS" ] && echo "engine_threads: $ENGINE_THREADS")
+$([ -n "$engine_threads" ] && echo "engine_threads: $engine_threads")
 log_level: warn
 control: { listen: 127.0.0.1:0, secret: $SECRET, agent_timeout_ms: 5000 }
 metrics: { listen: 127.0.0.1:0 }
@@ -335,7 +341,7 @@ done
   echo "  \"hostname\": \"$(hostname)\","
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"rx_lines\": \"${RX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

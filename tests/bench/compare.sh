@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# bench/compare/run.sh end to end, small: Caracal (the engine in the I/O threads), Caracal with
+# engine threads of its own (caracal_threads) and the CPU server, with the agents on the CPU
+# accelerator (--cpu-only), echo and matvec at 64 B over UDP and TCP: latency, saturation, one
+# open-loop step and, where sockperf is installed, the sockperf anchor. Then the JSON and the
+# tables must hold every point, with the server's and the client's CPU, and every reply right.
+# It checks the script and its report on every change; on the GPU machine the same script makes
+# bench/results/. Measures nothing.
+set -euo pipefail
+BUILD=$(realpath "${1:?build directory}")
+SRC=$(realpath "${2:?source directory}")
+command -v python3 >/dev/null || { echo "python3 is missing (scripts/deps.sh)"; exit 77; }
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+if ! SERVERS="caracal caracal_threads cpu" HANDLERS="echo matvec" SIZES=64 DURATION=0.3 \
+  WARMUP=0.1 THREADS=2 LOADGEN_THREADS=2 SAT_CONNECTIONS=2 SAT_WINDOW=4 OPEN_SIZES=64 \
+  OPEN_FRACTIONS=0.5 AGENT_QUEUES=2 ENGINE_THREADS=0 CARACAL_COMMIT=test \
+  "$SRC/bench/compare/run.sh" "$BUILD" "$WORK/out" --cpu-only >"$WORK/run.log" 2>&1; then
+  cat "$WORK/run.log"
+  echo "FAIL: run.sh exited non-zero"
+  exit 1
+fi
+
+grep -q '^engine_threads: 0$' "$WORK/out/raw/caracal-echo-server.yaml" ||
+  { echo "FAIL: caracal did not run engine_threads 0"; exit 1; }
+grep -q '^engine_threads: 2$' "$WORK/out/raw/caracal_threads-echo-server.yaml" ||
+  { echo "FAIL: caracal_threads did not run engine_threads 2"; exit 1; }
+
+python3 - "$WORK/out/compare.json" "$(command -v sockperf || true)" <<'EOF'
+import json
+import sys
+
+run = json.load(open(sys.argv[1]))
+have_sockperf = bool(sys.argv[2])
+problems = []
+if run["failed_points"] != 0:
+    problems.append(f"{run['failed_points']} points failed")
+if not run["cpu_only"]:
+    problems.append("not marked as a CPU-only run")
+points = run["points"]
+
+
+def find(**kw):
+    return [p for p in points if all(p.get(k) == v for k, v in kw.items())]
+
+
+for server in ("caracal", "caracal_threads", "cpu"):
+    for handler in ("echo", "matvec"):
+        for proto in ("udp", "tcp"):
+            for kind in ("latency", "saturation", "open-0.5"):
+                where = f"{server} {handler} {proto} {kind}"
+                found = find(server=server, handler=handler, proto=proto, size=64, kind=kind)
+                if len(found) != 1:
+                    problems.append(f"{where}: {len(found)} points")
+                    continue
+                p = found[0]
+                if p.get("throughput_rps", 0) <= 0:
+                    problems.append(f"{where}: no throughput")
+                if p["counts"]["wrong"] != 0 or p["counts"]["connection_errors"] != 0:
+                    problems.append(f"{where}: wrong replies or connection errors")
+                if p.get("cpu_cores", 0) <= 0:
+                    problems.append(f"{where}: no server CPU")
+                c = p.get("client_cpu")
+                if not c or not 0 < c["busiest_thread_cores"] <= c["cores"] + 1e-9:
+                    problems.append(f"{where}: client CPU {c}")
+            sat = find(server=server, handler=handler, proto=proto, size=64, kind="saturation")
+            if sat and not sat[0].get("threads"):
+                problems.append(f"{server} {handler} {proto}: no per-thread cores at saturation")
+    if have_sockperf:
+        sp = find(server=server, kind="sockperf", size=64)
+        if len(sp) != 1 or not (sp[0].get("sockperf_latency") or {}).get("p50_us"):
+            problems.append(f"{server}: no sockperf p50")
+for problem in problems:
+    print("FAIL:", problem)
+sys.exit(1 if problems else 0)
+EOF
+
+md="$WORK/out/compare.md"
+for want in "CPU-only smoke run" "caracal_threads: engine_threads 2" "caracal_threads p50" \
+  "caracal_threads kreq/s" "client cores (busiest thread)"; do
+  grep -qF "$want" "$md" || { echo "FAIL: compare.md lacks '$want'"; exit 1; }
+done
+echo "run.sh: every point of 3 servers, 2 handlers and 2 protocols, with CPU and reports"

@@ -142,9 +142,14 @@ uint32_t power_of_two(const Field& f, uint32_t min, uint32_t max) {
   return static_cast<uint32_t>(v);
 }
 
+Lines lines_setting(const Field& f) {
+  if (f.as_string() == "auto") return Lines::kAuto;
+  return f.as_bool() ? Lines::kOn : Lines::kOff;
+}
+
 ServiceConfig parse_service(const Field& f) {
   f.allow_only({"name", "queues", "ring_capacity", "slot_bytes", "max_message_bytes", "rx_lines",
-                "client_queues"});
+                "tx_lines", "client_queues"});
   ServiceConfig s;
   s.name = name_of(f.required("name"), "service");
   if (auto v = f.optional("queues")) {
@@ -158,11 +163,8 @@ ServiceConfig parse_service(const Field& f) {
   }
   const Field max = f.required("max_message_bytes");
   s.max_message_bytes = static_cast<uint32_t>(max.as_uint(1, UINT32_MAX));
-  if (auto v = f.optional("rx_lines")) {
-    s.rx_lines = v->as_string() == "auto" ? RxLines::kAuto
-                 : v->as_bool()           ? RxLines::kOn
-                                          : RxLines::kOff;
-  }
+  if (auto v = f.optional("rx_lines")) s.rx_lines = lines_setting(*v);
+  if (auto v = f.optional("tx_lines")) s.tx_lines = lines_setting(*v);
   if (auto cq = f.optional("client_queues")) {
     for (const Field& item : cq->items()) {
       item.allow_only({"destination"});
@@ -198,9 +200,10 @@ std::string AcceleratorSetting::str() const {
   return "?";
 }
 
-mqueue::RegionGeometry ServiceConfig::geometry(bool gpu_across_pcie) const {
+mqueue::RegionGeometry ServiceConfig::geometry(bool gpu_across_pcie, bool shm) const {
   mqueue::RegionGeometry g;
-  g.rx_lines = rx_lines == RxLines::kOn || (rx_lines == RxLines::kAuto && gpu_across_pcie);
+  g.rx_lines = rx_lines == Lines::kOn || (rx_lines == Lines::kAuto && gpu_across_pcie);
+  g.tx_lines = tx_lines == Lines::kOn || (tx_lines == Lines::kAuto && gpu_across_pcie && shm);
   g.server_queue_count = queues;
   g.client_queue_count = static_cast<uint32_t>(client_queues.size());
   g.slot_bytes = slot_bytes;

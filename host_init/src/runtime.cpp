@@ -396,7 +396,8 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
   const bool in_device_memory =
       config.transport == TransportKind::kRdma && config.rdma.region_memory == RegionMemory::kGpu;
   const mqueue::RegionGeometry geometry =
-      service.geometry(accelerator.kind == AcceleratorKind::kGpu && !in_device_memory);
+      service.geometry(accelerator.kind == AcceleratorKind::kGpu && !in_device_memory,
+                       config.transport == TransportKind::kShm);
   if (in_device_memory) {
     if (Status s = start_in_device_memory(service, epoch, served); !s.ok()) return s;
   } else if (config.transport == TransportKind::kShm) {
@@ -602,7 +603,7 @@ Outcome AgentRuntime::Impl::serve(Connection& conn) {
             : served.device_region != nullptr       ? "in " + accelerator.str() + " memory"
                                                     : std::string("in host memory"),
             served.bytes(), h.server_queue_count, h.client_queue_count, h.ring_capacity,
-            h.slot_bytes, mqueue::has_rx_lines(h) ? ", RX lines" : "",
+            h.slot_bytes, mqueue::lines_suffix(h),
             config.transport == TransportKind::kShm ? "; name removed" : ", transport rdma");
         awaiting = false;
         ++next_service;

@@ -128,16 +128,16 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
     return invalid_argument("region field 'features' = " + hex(h.features) +
                             ": unknown feature bits " + hex(h.features & ~kKnownFeatures));
   }
-  if (!has_rx_lines(h)) {
+  if (!has_rx_lines(h) && !has_tx_lines(h)) {
     if (h.line_bytes != 0 || h.lines_offset != 0 || h.line_stride != 0) {
       return bad_field("line_bytes", h.line_bytes,
-                       "line_bytes, lines_offset and line_stride must be 0 without RX lines");
+                       "line_bytes, lines_offset and line_stride must be 0 without RX or TX lines");
     }
     return Status::ok_status();
   }
   if (h.line_bytes != kLineBytes) {
     return bad_field("line_bytes", h.line_bytes,
-                     "must be " + std::to_string(kLineBytes) + " with RX lines");
+                     "must be " + std::to_string(kLineBytes) + " with RX or TX lines");
   }
   const uint64_t rings_end = h.rings_offset + 2 * queues * h.ring_stride;  // fits: checked above
   if (h.lines_offset % kPageBytes != 0 || h.lines_offset < rings_end) {
@@ -145,16 +145,18 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
                      "must be page-aligned and after the rings (which end at " +
                          std::to_string(rings_end) + ")");
   }
-  const uint64_t lines_bytes = uint64_t{h.ring_capacity} * kLineBytes;
+  // One page-aligned block of ring_capacity lines per direction that has them.
+  const uint64_t lines_bytes = (has_rx_lines(h) && has_tx_lines(h) ? 2 : 1) * line_block_bytes(h);
   if (h.line_stride < lines_bytes || h.line_stride % kPageBytes != 0) {
     return bad_field("line_stride", h.line_stride,
-                     "must be page-aligned and at least line_bytes * ring_capacity = " +
-                         std::to_string(lines_bytes));
+                     "must be page-aligned and at least " + std::to_string(lines_bytes) +
+                         " (ring_capacity lines of line_bytes, a page-aligned block for each of "
+                         "RX and TX that has them)");
   }
   if (h.lines_offset > h.region_bytes ||
       (h.region_bytes - h.lines_offset) / h.line_stride < queues) {
     return bad_field("region_bytes", h.region_bytes,
-                     "too small for " + std::to_string(queues) + " queues' RX lines of " +
+                     "too small for " + std::to_string(queues) + " queues' lines of " +
                          std::to_string(h.line_stride) + " bytes from offset " +
                          std::to_string(h.lines_offset));
   }

@@ -372,7 +372,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
           "{}: {} attached: {} server queue(s), {} client queue(s), {} slots of {} B, "
           "messages up to {} B, transport {}{}",
           origin_, what, h.server_queue_count, h.client_queue_count, h.ring_capacity, h.slot_bytes,
-          h.max_message_bytes, r.transport, mqueue::has_rx_lines(h) ? ", RX lines" : "");
+          h.max_message_bytes, r.transport, mqueue::lines_suffix(h));
       send(control::Attached{r.service});
     } else {
       spdlog::info("{}: {} re-admitted after an rdma reconnect", origin_, what);

@@ -344,6 +344,11 @@ class TransportBinding final : public RegionBinding {
         {
           prof::Scope t(prof::kTxNext);
           pr = tx.next(e);
+          // Local, with TX lines: an entry the accelerator has announced in its line is taken
+          // before the tail that covers it is published (mqueue/layout.hpp).
+          if constexpr (kLocal) {
+            if (pr == mqueue::PollResult::kEmpty) pr = tx.next_by_line(e);
+          }
         }
         if (pr != mqueue::PollResult::kReady) break;
         any = true;

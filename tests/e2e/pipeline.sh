@@ -4,8 +4,9 @@
 # different queues, agents and engine threads): every reply must be correct and in request order.
 # ENGINE_THREADS (default 2) is the server's engine_threads; e2e.pipeline_hosted runs it with 0
 # (each I/O thread runs an engine thread between its socket handlers). RX_LINES (on, off; unset:
-# the agent's default) is the first agent's rx_lines: e2e.pipeline_hosted turns it on, so one
-# agent finds its requests through RX lines and the other through the tails.
+# the agent's default) is the first agent's rx_lines, TX_LINES its tx_lines: e2e.pipeline_hosted
+# turns both on, so one agent finds its requests through RX lines and announces its short
+# replies in TX lines, which the server polls, and the other goes by the tails both ways.
 source "$(dirname "$0")/lib.sh"
 need curl
 CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
@@ -22,12 +23,18 @@ services:
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
       - { protocol: tcp, listen: 127.0.0.2:0, framing: { kind: line } }"
 SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 1024"
-start_agent echo-1 "$ECHO_AGENT" "$SERVICE${RX_LINES:+, rx_lines: $RX_LINES} }"
+start_agent echo-1 "$ECHO_AGENT" \
+  "$SERVICE${RX_LINES:+, rx_lines: $RX_LINES}${TX_LINES:+, tx_lines: $TX_LINES} }"
 start_agent echo-2 "$ECHO_AGENT" "$SERVICE }"
 if [ "${RX_LINES:-}" = on ]; then
-  grep -q "agent 'echo-1' region for service 'echo' attached.*RX lines" "$WORK/server.log" ||
+  grep -q "agent 'echo-1' region for service 'echo' attached.*RX.*lines" "$WORK/server.log" ||
     fail "echo-1's region has no RX lines"
   echo "echo-1's region has RX lines"
+fi
+if [ "${TX_LINES:-}" = on ]; then
+  grep -q "agent 'echo-1' region for service 'echo' attached.*TX lines" "$WORK/server.log" ||
+    fail "echo-1's region has no TX lines"
+  echo "echo-1's region has TX lines"
 fi
 LP=$(port_of "tcp/127.0.0.1:0")
 LINE=$(port_of "tcp/127.0.0.2:0")

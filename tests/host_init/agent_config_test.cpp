@@ -289,18 +289,38 @@ TEST(AgentConfig, BadRingGeometryIsRefusedAtTheField) {
 TEST(AgentConfig, RxLines) {
   // auto (the default): on only for a GPU polling its region across PCIe.
   const ServiceConfig echo = parse(kValid).services[0];
-  EXPECT_EQ(echo.rx_lines, RxLines::kAuto);
+  EXPECT_EQ(echo.rx_lines, Lines::kAuto);
   EXPECT_FALSE(echo.geometry().rx_lines);
   EXPECT_TRUE(echo.geometry(/*gpu_across_pcie=*/true).rx_lines);
   const ServiceConfig on = parse(with("queues: 2", "queues: 2\n    rx_lines: on")).services[0];
-  EXPECT_EQ(on.rx_lines, RxLines::kOn);
+  EXPECT_EQ(on.rx_lines, Lines::kOn);
   EXPECT_TRUE(on.geometry().rx_lines);
   const ServiceConfig off = parse(with("queues: 2", "queues: 2\n    rx_lines: off")).services[0];
   EXPECT_FALSE(off.geometry(/*gpu_across_pcie=*/true).rx_lines);
   EXPECT_EQ(parse(with("queues: 2", "queues: 2\n    rx_lines: auto")).services[0].rx_lines,
-            RxLines::kAuto);
+            Lines::kAuto);
   expect_error(with("queues: 2", "queues: 2\n    rx_lines: sometimes"), "12:15",
                {"services[0].rx_lines", "'sometimes' is not a boolean"});
+}
+
+TEST(AgentConfig, TxLines) {
+  // auto (the default): on only for a GPU writing its region across PCIe, over shm (the server
+  // polls TX lines only where it reads the region in place).
+  const ServiceConfig echo = parse(kValid).services[0];
+  EXPECT_EQ(echo.tx_lines, Lines::kAuto);
+  EXPECT_FALSE(echo.geometry().tx_lines);
+  EXPECT_FALSE(echo.geometry(/*gpu_across_pcie=*/true, /*shm=*/false).tx_lines);
+  EXPECT_FALSE(echo.geometry(/*gpu_across_pcie=*/false, /*shm=*/true).tx_lines);
+  EXPECT_TRUE(echo.geometry(/*gpu_across_pcie=*/true, /*shm=*/true).tx_lines);
+  const ServiceConfig on = parse(with("queues: 2", "queues: 2\n    tx_lines: on")).services[0];
+  EXPECT_EQ(on.tx_lines, Lines::kOn);
+  EXPECT_TRUE(on.geometry().tx_lines);
+  EXPECT_FALSE(on.geometry().rx_lines);
+  const ServiceConfig off = parse(with("queues: 2", "queues: 2\n    tx_lines: off")).services[0];
+  EXPECT_FALSE(off.geometry(true, true).tx_lines);
+  EXPECT_TRUE(off.geometry(true, true).rx_lines);
+  expect_error(with("queues: 2", "queues: 2\n    tx_lines: 3"), "12:15",
+               {"services[0].tx_lines", "'3' is not a boolean"});
 }
 
 TEST(AgentConfig, UnknownKeysAreRefused) {

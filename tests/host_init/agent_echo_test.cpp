@@ -24,6 +24,7 @@ struct Case {
   uint32_t ring_capacity;
   uint32_t max_message_bytes;
   bool rx_lines = false;
+  bool tx_lines = false;
 };
 
 void echo_every_size(const Case& c) {
@@ -33,6 +34,7 @@ void echo_every_size(const Case& c) {
   g.ring_capacity = c.ring_capacity;
   g.max_message_bytes = c.max_message_bytes;
   g.rx_lines = c.rx_lines;
+  g.tx_lines = c.tx_lines;
   const std::string name = region_shm_name("echo-test", getpid(), "echo");
   Result<NamedShmRegion> region = NamedShmRegion::create(name, g, fresh_epoch());
   ASSERT_TRUE(region.ok()) << region.status().message();
@@ -61,6 +63,13 @@ void echo_every_size(const Case& c) {
     EXPECT_EQ(reply.queue, token % c.queues);
     ASSERT_EQ(reply.data, payloads[token]) << "token " << token;
   }
+  // The CPU workers announce every reply that fits in a line; the peer takes whichever of line
+  // and tail it meets first, so with TX lines some replies come by line (all of them may not).
+  if (c.tx_lines) {
+    EXPECT_GT(peer.replies_by_line(), 0u);
+  } else {
+    EXPECT_EQ(peer.replies_by_line(), 0u);
+  }
   accel::test::finish_within("ServingAccelerator::stop()",
                              [&] { EXPECT_TRUE((*serving)->stop().ok()); });
   EXPECT_EQ(peer.stop_word(), 1u);  // what the runtime raised, seen through the server's mapping
@@ -81,6 +90,12 @@ TEST(AgentEcho, MultiSlotMessagesTwoWorkers) {
 // The CPU workers find requests through RX lines: short ones inline, long ones in the slots.
 TEST(AgentEcho, RxLinesTwoWorkers) {
   echo_every_size({3, 2, 64, 32, 16 * 64 - mqueue::kSlotHeaderBytes, /*rx_lines=*/true});
+}
+
+// The CPU workers announce short replies in TX lines too; the peer takes them from there.
+TEST(AgentEcho, RxAndTxLinesTwoWorkers) {
+  echo_every_size(
+      {3, 2, 64, 32, 16 * 64 - mqueue::kSlotHeaderBytes, /*rx_lines=*/true, /*tx_lines=*/true});
 }
 
 }  // namespace

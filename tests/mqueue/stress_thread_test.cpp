@@ -45,6 +45,15 @@ INSTANTIATE_TEST_SUITE_P(
                      RegionGeometry g = stress::stress_geometry();
                      g.rx_lines = true;
                      return g;
+                   }()},
+        // With TX lines as well: the SmartNIC takes short replies from their lines (where the
+        // accelerator wrote one) or by the tail, whichever it meets first.
+        StressCase{"SmallSlotsRxAndTxLines",
+                   [] {
+                     RegionGeometry g = stress::stress_geometry();
+                     g.rx_lines = true;
+                     g.tx_lines = true;
+                     return g;
                    }()}),
     [](const ::testing::TestParamInfo<StressCase>& info) { return info.param.name; });
 

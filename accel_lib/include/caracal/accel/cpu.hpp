@@ -209,6 +209,7 @@ class CpuAccelerator {
       Response resp{out, max_response, 0, 0};
       invoke(handler, req, resp, ctx, stats);
       sq.tx.commit(resp.size, e.token, resp.flags);
+      sq.tx.write_line();  // with TX lines, a short reply is announced before the publish
       sq.rx.release();
       ++n;
     }
@@ -263,6 +264,7 @@ class CpuAccelerator {
         std::byte* out = sq.tx.reserve(resps[i].size);  // credits were checked above
         std::memcpy(out, resps[i].data, resps[i].size);
         sq.tx.commit(resps[i].size, reqs[i].token, resps[i].flags);
+        sq.tx.write_line();
       }
       sq.rx.release();
       total += k;

@@ -27,6 +27,9 @@
 //       rx_lines: auto             # auto (default), on or off: announce every request in an LL
 //                                  # line that the accelerator polls (mqueue/layout.hpp); auto
 //                                  # is on for a GPU polling a region in host memory
+//       tx_lines: auto             # auto (default), on or off: the accelerator announces short
+//                                  # replies in LL lines that the server polls; auto is on for a
+//                                  # GPU writing a region in host memory over shm
 //       client_queues:             # optional; client queue c calls client_queues[c]
 //         - { destination: memcached }
 #pragma once
@@ -74,10 +77,12 @@ struct ClientQueueConfig {
   std::string destination;  // a destination of the server's config
 };
 
-// Whether a service's region has RX lines (mqueue/layout.hpp). They save a GPU that polls its
-// rings across PCIe one read per request; a CPU, or a GPU polling its own memory, gains nothing
-// and the SmartNIC writes a line more per request.
-enum class RxLines : uint8_t { kAuto, kOn, kOff };
+// Whether a service's region has RX lines, TX lines (mqueue/layout.hpp). RX lines save a GPU
+// that polls its rings across PCIe one read per request; a CPU, or a GPU polling its own
+// memory, gains nothing and the SmartNIC writes a line more per request. TX lines let the server
+// take a GPU's short reply without waiting for the fence that publishes the tail; only a server
+// that reads the region in place (shm) polls them.
+enum class Lines : uint8_t { kAuto, kOn, kOff };
 
 struct ServiceConfig {
   std::string name;
@@ -85,12 +90,14 @@ struct ServiceConfig {
   uint32_t ring_capacity = 256;
   uint32_t slot_bytes = 256;
   uint32_t max_message_bytes = 0;
-  RxLines rx_lines = RxLines::kAuto;
+  Lines rx_lines = Lines::kAuto;
+  Lines tx_lines = Lines::kAuto;
   std::vector<ClientQueueConfig> client_queues;
 
   // `gpu_across_pcie`: the accelerator that serves the region is a GPU and the region is in
-  // host memory, which is what rx_lines `auto` turns lines on for.
-  mqueue::RegionGeometry geometry(bool gpu_across_pcie = false) const;
+  // host memory, which is what rx_lines `auto` turns lines on for; with `shm` as well, tx_lines
+  // `auto` turns them on.
+  mqueue::RegionGeometry geometry(bool gpu_across_pcie = false, bool shm = false) const;
   // Client queue destinations in client-queue order, as the region announcement lists them.
   std::vector<std::string> destinations() const;
 };

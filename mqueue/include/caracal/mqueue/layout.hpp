@@ -11,8 +11,10 @@
 //   [rings]         For queue q: its RX ring (SmartNIC -> accelerator) and its TX ring
 //                   (accelerator -> SmartNIC), each `ring_capacity` slots of `slot_bytes`, each
 //                   starting on a page.
-//   [RX lines]      Only with kFeatureRxLines: for queue q, `ring_capacity` lines of kLineBytes
-//                   that announce its RX entries (see "RX lines" below).
+//   [lines]         Only with kFeatureRxLines or kFeatureTxLines: for queue q, a block of
+//                   `line_stride` bytes: `ring_capacity` lines of kLineBytes that announce its
+//                   RX entries (with kFeatureRxLines), then as many that announce its TX entries
+//                   (with kFeatureTxLines), each starting on a page (see "RX lines", "TX lines").
 //
 // Queues 0..server_queue_count-1 are server queues (RX carries client requests, TX carries
 // replies); the following client_queue_count queues are client queues (TX carries a handler's
@@ -94,16 +96,33 @@ inline constexpr uint16_t kKnownSlotFlags = kSlotSkip | kSlotError | kSlotNoRepl
 //  - The entry counts live in the second word of the rx_tail line (the producer's, published
 //    with the tail) and of the rx_head line (the consumer's, published with the head), so each
 //    side can resume where the last one stopped.
+//
+// TX lines (kFeatureTxLines). The same lines in the other direction: the accelerator announces a
+// short TX entry (a reply or a handler's outgoing request of up to kLineInlineBytes) in the line
+// of its entry, in the same encoding, and the SmartNIC polls the next entry's line as well as the
+// tail. What the lines save here is the accelerator's fence: the tail may be published only
+// after a system-scope release fence that waits for the entries' writes to land (about half a
+// microsecond across PCIe), while a line's words are each vouched for by their own flag and may
+// be stored before that fence.
+//  - Only an entry whose payload fits in the line may have one, and none has to: long entries,
+//    skip markers, and every entry of a producer that writes no lines (a thread-granular GPU
+//    worker, a batched handler) are found by the tail alone. A consumer therefore always goes by
+//    the tail as well, and takes each entry from whichever it sees first.
+//  - Entry n's line is line n % ring_capacity with the flag line_flag(n), as for RX. The entry is
+//    written into its slots too, in full, for a consumer that goes by the tail.
+//  - The entry counts live in the second word of the tx_tail line (the producer's) and of the
+//    tx_head line (the consumer's).
 enum RegionFeatures : uint32_t {
   kFeatureRxLines = 1u << 0,
+  kFeatureTxLines = 1u << 1,
 };
-inline constexpr uint32_t kKnownFeatures = kFeatureRxLines;
+inline constexpr uint32_t kKnownFeatures = kFeatureRxLines | kFeatureTxLines;
 
 inline constexpr uint32_t kLineBytes = 256;
 inline constexpr uint32_t kLineWords = kLineBytes / 8;                           // 32
 inline constexpr uint32_t kLineDataBytes = kLineWords * 4;                       // 128
 inline constexpr uint32_t kLineInlineBytes = kLineDataBytes - kSlotHeaderBytes;  // 112
-// Byte offset of the entry count in an rx_tail or rx_head control line.
+// Byte offset of the entry count in an index line (rx_tail, rx_head; tx_tail, tx_head).
 inline constexpr uint32_t kEntriesWordOffset = 4;
 
 // The flag of every word of entry n's line: never 0 in the first lap, so a zeroed region holds
@@ -140,8 +159,8 @@ struct RegionHeader {
   uint64_t rings_offset;        // start of queue 0's RX ring
   uint64_t ring_stride;         // distance between consecutive rings (>= slot_bytes*capacity)
   uint32_t features;            // RegionFeatures
-  uint32_t line_bytes;          // kLineBytes with kFeatureRxLines, else 0
-  uint64_t lines_offset;        // start of queue 0's RX lines (0 without kFeatureRxLines)
+  uint32_t line_bytes;          // kLineBytes with RX or TX lines, else 0
+  uint64_t lines_offset;        // start of queue 0's lines (0 without RX or TX lines)
   uint64_t line_stride;         // distance between consecutive queues' lines (0 without)
 };
 static_assert(offsetof(RegionHeader, magic) == 0);
@@ -174,8 +193,10 @@ static_assert(sizeof(RegionHeader) <= kPageBytes);
 //    lines). Its second word holds the producer's entry count (with RX lines).
 //  - rx_head[q]: written by the accelerator (consumer), read by the SmartNIC for credits. Its
 //    second word holds the consumer's entry count (with RX lines).
-//  - tx_head[q]: written by the SmartNIC (consumer), read by the accelerator for credits.
-//  - tx_tail[q]: written by the accelerator (producer), read by the SmartNIC, all at once.
+//  - tx_head[q]: written by the SmartNIC (consumer), read by the accelerator for credits. Its
+//    second word holds the consumer's entry count (with TX lines).
+//  - tx_tail[q]: written by the accelerator (producer), read by the SmartNIC, all at once. Its
+//    second word holds the producer's entry count (with TX lines).
 enum class IndexArray : uint32_t { kRxTail = 0, kRxHead = 1, kTxHead = 2, kTxTail = 3 };
 inline constexpr uint32_t kControlPreambleLines = 1;  // the stop word's line
 
@@ -201,6 +222,7 @@ struct RegionGeometry {
   uint32_t ring_capacity = 256;
   uint32_t max_message_bytes = 256 - kSlotHeaderBytes;
   bool rx_lines = false;  // kFeatureRxLines
+  bool tx_lines = false;  // kFeatureTxLines
 };
 
 CARACAL_INLINE constexpr uint32_t queue_count(const RegionHeader& h) {
@@ -226,11 +248,12 @@ CARACAL_INLINE constexpr RegionHeader compute_layout(const RegionGeometry& g, ui
   h.rings_offset = h.control_offset + h.control_bytes;
   h.ring_stride = round_up(uint64_t{g.slot_bytes} * g.ring_capacity, kPageBytes);
   h.region_bytes = h.rings_offset + 2 * queues * h.ring_stride;
-  if (g.rx_lines) {
-    h.features = kFeatureRxLines;
+  if (g.rx_lines || g.tx_lines) {
+    h.features = (g.rx_lines ? kFeatureRxLines : 0u) | (g.tx_lines ? kFeatureTxLines : 0u);
     h.line_bytes = kLineBytes;
     h.lines_offset = h.region_bytes;
-    h.line_stride = round_up(uint64_t{g.ring_capacity} * kLineBytes, kPageBytes);
+    const uint64_t block = round_up(uint64_t{g.ring_capacity} * kLineBytes, kPageBytes);
+    h.line_stride = (g.rx_lines && g.tx_lines ? 2 : 1) * block;
     h.region_bytes += queues * h.line_stride;
   }
   return h;
@@ -238,6 +261,19 @@ CARACAL_INLINE constexpr RegionHeader compute_layout(const RegionGeometry& g, ui
 
 CARACAL_INLINE constexpr bool has_rx_lines(const RegionHeader& h) {
   return (h.features & kFeatureRxLines) != 0;
+}
+CARACAL_INLINE constexpr bool has_tx_lines(const RegionHeader& h) {
+  return (h.features & kFeatureTxLines) != 0;
+}
+// For logs: ", RX lines", ", TX lines", ", RX and TX lines" or "".
+CARACAL_INLINE constexpr const char* lines_suffix(const RegionHeader& h) {
+  if (has_rx_lines(h) && has_tx_lines(h)) return ", RX and TX lines";
+  if (has_rx_lines(h)) return ", RX lines";
+  return has_tx_lines(h) ? ", TX lines" : "";
+}
+// Bytes of one direction's lines of one queue, page-aligned.
+CARACAL_INLINE constexpr uint64_t line_block_bytes(const RegionHeader& h) {
+  return round_up(uint64_t{h.ring_capacity} * kLineBytes, kPageBytes);
 }
 
 // Byte offsets inside a region, from its (validated) header.
@@ -259,6 +295,11 @@ CARACAL_INLINE constexpr uint64_t tx_ring_offset(const RegionHeader& h, uint32_t
 // The first of queue `queue`'s RX lines (with kFeatureRxLines).
 CARACAL_INLINE constexpr uint64_t rx_lines_offset(const RegionHeader& h, uint32_t queue) {
   return h.lines_offset + uint64_t{queue} * h.line_stride;
+}
+// The first of queue `queue`'s TX lines (with kFeatureTxLines): after its RX lines, if any.
+CARACAL_INLINE constexpr uint64_t tx_lines_offset(const RegionHeader& h, uint32_t queue) {
+  return h.lines_offset + uint64_t{queue} * h.line_stride +
+         (has_rx_lines(h) ? line_block_bytes(h) : 0);
 }
 // Queue index of client queue `c`.
 CARACAL_INLINE constexpr uint32_t client_queue_index(const RegionHeader& h, uint32_t c) {

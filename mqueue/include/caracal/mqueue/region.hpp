@@ -43,6 +43,12 @@ class RegionView {
     return reinterpret_cast<const uint64_t*>(base_ + rx_lines_offset(header_, queue));
   }
 
+  // Queue `queue`'s TX lines, or nullptr when the region has none.
+  CARACAL_INLINE uint64_t* tx_lines(uint32_t queue) const {
+    if (!has_tx_lines(header_)) return nullptr;
+    return reinterpret_cast<uint64_t*>(base_ + tx_lines_offset(header_, queue));
+  }
+
   // The accelerator consumes RX and produces TX, for server and client queues alike.
   CARACAL_INLINE RingConsumer rx_consumer(uint32_t queue) const {
     return RingConsumer(base_ + rx_ring_offset(header_, queue), ring_geometry(header_),
@@ -52,7 +58,7 @@ class RegionView {
   CARACAL_INLINE RingProducer tx_producer(uint32_t queue) const {
     return RingProducer(base_ + tx_ring_offset(header_, queue), ring_geometry(header_),
                         index_word(IndexArray::kTxTail, queue),
-                        index_word(IndexArray::kTxHead, queue));
+                        index_word(IndexArray::kTxHead, queue), tx_lines(queue));
   }
 
  private:

@@ -54,12 +54,15 @@ class RemoteRegion {
                                  index_offset(h, IndexArray::kRxHead, q),
                                  has_rx_lines(h) ? rx_lines_offset(h, q) : 0};
       const RemoteRingAddress tx{tx_ring_offset(h, q), index_offset(h, IndexArray::kTxTail, q),
-                                 index_offset(h, IndexArray::kTxHead, q)};
+                                 index_offset(h, IndexArray::kTxHead, q),
+                                 has_tx_lines(h) ? tx_lines_offset(h, q) : 0};
       r.rx_.emplace_back(
           transport, rx, g, transport->load_index(rx.tail_offset),
           transport->load_index(rx.head_offset),
           has_rx_lines(h) ? transport->load_index(rx.tail_offset + kEntriesWordOffset) : 0);
-      r.tx_.emplace_back(transport, tx, g, transport->load_index(tx.head_offset));
+      r.tx_.emplace_back(
+          transport, tx, g, transport->load_index(tx.head_offset),
+          has_tx_lines(h) ? transport->load_index(tx.head_offset + kEntriesWordOffset) : 0);
     }
     return r;
   }

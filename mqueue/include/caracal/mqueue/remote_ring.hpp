@@ -11,7 +11,9 @@
 //    consumer its tail with observe_tail(), which posts the read of the new entries' slots;
 //  - with RX lines (layout.hpp), the producer also writes every entry's line after its slots
 //    and posts it as one more write, which the transport places after the slots' (shm: the
-//    release store of the line's first word; rdma: WRITEs on one queue pair are placed in order).
+//    release store of the line's first word; rdma: WRITEs on one queue pair are placed in order);
+//  - with TX lines, a consumer over a transport whose staging is the region itself (shm) may
+//    also take the next entry from its line (next_by_line), before the tail that covers it.
 // The accelerator is not trusted further than check_entry: a corrupt TX entry stops that ring
 // with PollResult::kCorrupt and a reason.
 #pragma once
@@ -30,7 +32,7 @@ struct RemoteRingAddress {
   uint64_t ring_offset = 0;
   uint64_t tail_offset = 0;
   uint64_t head_offset = 0;
-  uint64_t lines_offset = 0;  // the ring's RX lines; 0: none (only an RX ring has them)
+  uint64_t lines_offset = 0;  // the ring's lines (RX or TX, as the ring is); 0: none
 };
 
 template <Transport T>
@@ -179,8 +181,10 @@ template <Transport T>
 class RemoteRingConsumer {
  public:
   RemoteRingConsumer() = default;
+  // `head` is the ring's head when the SmartNIC takes it over, `entries` the consumer's entry
+  // count (with TX lines).
   RemoteRingConsumer(T* transport, const RemoteRingAddress& address, const RingGeometry& g,
-                     uint32_t head)
+                     uint32_t head, uint32_t entries = 0)
       : t_(transport),
         address_(address),
         geometry_(g),
@@ -189,7 +193,9 @@ class RemoteRingConsumer {
         published_head_(head),
         tail_shadow_(head),
         fetched_(head),
-        fetch_target_(head) {}
+        fetch_target_(head),
+        entries_(entries),
+        published_entries_(entries) {}
 
   // Hands over a freshly read value of the producer's tail and posts reads of the slots it
   // uncovers (at most two ranges: the ring may wrap between the old and the new tail). A tail
@@ -237,17 +243,73 @@ class RemoteRingConsumer {
       last_check_ = check_entry(h, position, fetched_ - read_, geometry_);
       if (last_check_ != EntryCheck::kOk) return PollResult::kCorrupt;
       read_ += h.slots;
+      if (has_lines()) ++entries_;  // the entry's line, if it has one, is passed over
       if ((h.flags & kSlotSkip) != 0) continue;
       out = Entry{slot(position) + kSlotHeaderBytes, h.length, h.flags, h.token};
       return PollResult::kReady;
     }
   }
 
+  // With TX lines, over a transport whose staging is the region itself (shm): the next entry
+  // from its line, when the producer has written one and every entry the tail uncovered has
+  // been read (entries come in order). The line's words are loaded one by one, each vouched for
+  // by its flag (relaxed: the payload is taken from the line, so nothing else is read after it),
+  // and decoded into a buffer of this consumer's; the entry's payload points there, valid until
+  // the next call. kEmpty while the line is not all there; kCorrupt when it announces an entry
+  // that fails check_entry, or one longer than a line holds (a producer writes lines for short
+  // entries only).
+  PollResult next_by_line(Entry& out) {
+    if (!has_lines() || read_ != fetched_ || fetch_target_ != fetched_) return PollResult::kEmpty;
+    const uint32_t flag = line_flag(entries_);
+    const auto* words = reinterpret_cast<const uint64_t*>(t_->staging(
+        address_.lines_offset + uint64_t{entries_ & (geometry_.capacity - 1)} * kLineBytes));
+    constexpr uint32_t kHeaderWords = kSlotHeaderBytes / 4;
+    uint32_t data[kLineWords];
+    for (uint32_t k = 0; k < kHeaderWords; ++k) {
+      const uint64_t w = load_relaxed(words + k);
+      if (line_word_flag(w) != flag) return PollResult::kEmpty;
+      data[k] = line_word_data(w);
+    }
+    SlotHeader h;
+    std::memcpy(&h, data, sizeof(h));
+    const uint32_t position = read_ & (geometry_.capacity - 1);
+    last_check_ = check_entry(h, position, geometry_.capacity - (read_ - head_), geometry_);
+    if (last_check_ == EntryCheck::kOk &&
+        ((h.flags & kSlotSkip) != 0 || h.length > kLineInlineBytes)) {
+      last_check_ = EntryCheck::kNotInLine;
+    }
+    if (last_check_ != EntryCheck::kOk) return PollResult::kCorrupt;
+    const uint32_t payload_words = (h.length + 3) / 4;
+    for (uint32_t k = kHeaderWords; k < kHeaderWords + payload_words; ++k) {
+      const uint64_t w = load_relaxed(words + k);
+      if (line_word_flag(w) != flag) return PollResult::kEmpty;  // the rest is still landing
+      data[k] = line_word_data(w);
+    }
+    std::memcpy(line_payload_, data + kHeaderWords, size_t{payload_words} * 4);
+    read_ += h.slots;
+    ++entries_;
+    // Taken ahead of the tail: a tail up to here uncovers nothing more (observe_tail ignores
+    // one that does not go past it).
+    if (read_ - head_ > tail_shadow_ - head_) {
+      tail_shadow_ = read_;
+      fetched_ = read_;
+      fetch_target_ = read_;
+    }
+    out = Entry{line_payload_, h.length, h.flags, h.token};
+    return PollResult::kReady;
+  }
+
   void release() { head_ = read_; }
 
-  // Posts the head once per burst: the accelerator may reuse the slots from then on.
+  // Posts the head once per burst: the accelerator may reuse the slots from then on. With TX
+  // lines the entry count goes first (the transport orders it before the head): only a
+  // consumer that takes the ring over later reads it.
   void publish() {
     if (head_ != published_head_) {
+      if (has_lines() && entries_ != published_entries_) {
+        t_->publish_index(address_.head_offset + kEntriesWordOffset, entries_);
+        published_entries_ = entries_;
+      }
       t_->publish_index(address_.head_offset, head_);
       published_head_ = head_;
     }
@@ -259,6 +321,8 @@ class RemoteRingConsumer {
   // (next() reports kEmpty until Transport::progress sees the read complete).
   bool reading() const { return fetch_target_ != fetched_; }
   uint32_t head() const { return head_; }
+  uint32_t entries() const { return entries_; }
+  bool has_lines() const { return address_.lines_offset != 0; }
   const RingGeometry& geometry() const { return geometry_; }
 
  private:
@@ -279,6 +343,9 @@ class RemoteRingConsumer {
   uint64_t fetch_ticket_ = 0;
   uint64_t tail_ticket_ = 0;  // refresh_tail's read, while in flight
   EntryCheck last_check_ = EntryCheck::kOk;
+  uint32_t entries_ = 0;  // entries read, skip markers included (TX lines)
+  uint32_t published_entries_ = 0;
+  alignas(8) std::byte line_payload_[kLineInlineBytes] = {};  // next_by_line's last entry
 };
 
 }  // namespace caracal::mqueue

@@ -24,6 +24,12 @@
 // store of the line's first word in RemoteRingProducer::write_line. Without an image the
 // consumer goes by the tail, which the producer still publishes, so bursts cost one read of it.
 //
+// With TX lines (layout.hpp), the producer may also announce a short entry in its line (line(),
+// or write_line() from one thread), before the fence that publishes the tail: a consumer that
+// polls the line takes the entry without waiting for the tail. The line needs no fence of its
+// own, since its words carry the whole entry; it is written after commit() and counts entries
+// like the RX side (the second word of the tx_tail line).
+//
 // The SmartNIC-side counterparts, which reach a ring through a transport, are in remote_ring.hpp.
 // These classes are not thread-safe: one thread (or one elected lane) owns each side of a ring.
 #pragma once
@@ -83,6 +89,7 @@ enum class EntryCheck : uint8_t {
   kLengthMismatch,  // `slots` does not match `length`
   kTooLong,         // longer than the ring's max_message_bytes
   kUnknownFlags,    // flags outside kKnownSlotFlags
+  kNotInLine,       // a TX line announces a skip marker or an entry longer than a line holds
 };
 
 CARACAL_INLINE constexpr const char* entry_check_name(EntryCheck c) {
@@ -101,6 +108,8 @@ CARACAL_INLINE constexpr const char* entry_check_name(EntryCheck c) {
       return "length exceeds max_message_bytes";
     case EntryCheck::kUnknownFlags:
       return "unknown flags";
+    case EntryCheck::kNotInLine:
+      return "TX line announces an entry that does not fit in a line";
   }
   return "?";
 }
@@ -132,13 +141,18 @@ struct Entry {
 class RingProducer {
  public:
   CARACAL_HOST_DEVICE RingProducer() {}
+  // `lines`: the ring's TX lines when the region has them (kFeatureTxLines), else nullptr.
   CARACAL_HOST_DEVICE RingProducer(std::byte* slots, const RingGeometry& g, uint32_t* tail_word,
-                                   uint32_t* head_word)
-      : slots_(slots), geometry_(g), tail_word_(tail_word), head_word_(head_word) {
+                                   uint32_t* head_word, uint64_t* lines = nullptr)
+      : slots_(slots), geometry_(g), tail_word_(tail_word), head_word_(head_word), lines_(lines) {
     // The producer owns tail: a relaxed read recovers it (the region starts zeroed).
     tail_ = load_relaxed(tail_word_);
     published_tail_ = tail_;
     head_shadow_ = load_acquire(head_word_);  // pairs with RingConsumer::publish
+    if (lines_ != nullptr) {
+      entries_ = load_relaxed(entries_word());  // the producer owns its entry count too
+      published_entries_ = entries_;
+    }
   }
 
   // Reserves room for an entry of up to `max_payload` bytes and returns where its payload
@@ -156,6 +170,7 @@ class RingProducer {
     if (p.skip != 0) {
       write_header(tail_ & (geometry_.capacity - 1), 0, kSlotSkip, p.skip, 0);
       tail_ += p.skip;
+      if (lines_ != nullptr) ++entries_;  // a skip marker has no line; it counts all the same
     }
     reserved_position_ = p.position;
     reserved_slots_ = slots;
@@ -164,19 +179,55 @@ class RingProducer {
 
   // Completes the last reservation with the actual payload length. Refuses (false, nothing
   // written) when there is no reservation or `length` needs more slots than were reserved.
-  // Not visible to the consumer until publish().
+  // Not visible to the consumer until publish(), or, with TX lines, until its line is written.
   CARACAL_INLINE bool commit(uint32_t length, uint64_t token, uint16_t flags = 0) {
     const uint32_t slots = slots_for(length, geometry_.slot_bytes);
     if (reserved_slots_ == 0 || slots > reserved_slots_) return false;
     write_header(reserved_position_, length, flags, slots, token);
     tail_ += slots;
     reserved_slots_ = 0;
+    committed_ = SlotHeader{length, flags, static_cast<uint16_t>(slots), token};
+    committed_position_ = reserved_position_;
+    if (lines_ != nullptr) {
+      committed_line_ = entries_;
+      ++entries_;
+    }
     return true;
   }
 
-  // Makes every committed entry visible: one release store per burst.
+  // With TX lines: the line of the entry the last commit() completed and the flag its words
+  // carry, or nullptr when the region has no TX lines or the entry is too long for one. A group
+  // of threads may store the words (one each, store_relaxed, in the encoding of layout.hpp:
+  // committed_header() and then the payload, zero-padded) any time after the payload is final;
+  // no fence is needed before them. They must be stored before the publish of the entry's
+  // burst: its fence orders them before the stores of the line's next lap.
+  CARACAL_INLINE uint64_t* line(uint32_t& flag) const {
+    if (lines_ == nullptr || committed_.length > kLineInlineBytes) return nullptr;
+    flag = line_flag(committed_line_);
+    return lines_ + static_cast<uint64_t>(committed_line_ & (geometry_.capacity - 1)) * kLineWords;
+  }
+  CARACAL_INLINE const SlotHeader& committed_header() const { return committed_; }
+  CARACAL_INLINE bool has_lines() const { return lines_ != nullptr; }
+
+  // line() for one thread where the slots are local memory (host producers, tests): writes the
+  // line of the last committed entry from its slot, one 8-byte store a word. Does nothing when
+  // line() gives none.
+  CARACAL_INLINE void write_line() {
+    uint32_t flag = 0;
+    uint64_t* words = line(flag);
+    if (words == nullptr) return;
+    uint32_t data[kLineWords] = {};
+    memcpy(data, slot(committed_position_), kSlotHeaderBytes + committed_.length);
+    for (uint32_t k = 0; k < kLineWords; ++k)
+      store_relaxed(words + k, line_word(flag, data[k]));
+  }
+
+  // Makes every committed entry visible: one release store per burst. With TX lines the entry
+  // count goes out first, ordered before the tail by its release: only a producer that resumes
+  // the ring reads it back.
   CARACAL_INLINE void publish() {
     if (tail_ != published_tail_) {
+      publish_entries();
       store_release(tail_word_, tail_);  // pairs with RingConsumer::refresh_tail
       published_tail_ = tail_;
     }
@@ -187,6 +238,7 @@ class RingProducer {
   // like the release store would). Lets one fence publish a TX tail and an RX head together.
   CARACAL_INLINE void publish_after_fence() {
     if (tail_ != published_tail_) {
+      publish_entries();
       store_relaxed(tail_word_, tail_);
       published_tail_ = tail_;
     }
@@ -204,12 +256,22 @@ class RingProducer {
     return free_slots(tail_, head_shadow_, geometry_.capacity);
   }
   CARACAL_INLINE uint32_t tail() const { return tail_; }
+  CARACAL_INLINE uint32_t entries() const { return entries_; }
   CARACAL_INLINE bool has_unpublished() const { return tail_ != published_tail_; }
   CARACAL_INLINE const RingGeometry& geometry() const { return geometry_; }
 
  private:
   CARACAL_INLINE std::byte* slot(uint32_t position) const {
     return slots_ + static_cast<uint64_t>(position) * geometry_.slot_bytes;
+  }
+  CARACAL_INLINE uint32_t* entries_word() const {
+    return tail_word_ + kEntriesWordOffset / sizeof(uint32_t);
+  }
+  CARACAL_INLINE void publish_entries() {
+    if (lines_ != nullptr && entries_ != published_entries_) {
+      store_relaxed(entries_word(), entries_);
+      published_entries_ = entries_;
+    }
   }
   CARACAL_INLINE void write_header(uint32_t position, uint32_t length, uint16_t flags,
                                    uint32_t slots, uint64_t token) {
@@ -233,6 +295,12 @@ class RingProducer {
   uint32_t head_shadow_ = 0;
   uint32_t reserved_position_ = 0;
   uint32_t reserved_slots_ = 0;
+  uint64_t* lines_ = nullptr;  // TX lines, or nullptr
+  uint32_t entries_ = 0;       // entries committed, skip markers included (TX lines)
+  uint32_t published_entries_ = 0;
+  uint32_t committed_line_ = 0;  // the entry number of the last commit() (TX lines)
+  SlotHeader committed_{};       // the header of the last commit()
+  uint32_t committed_position_ = 0;
 };
 
 enum class PollResult : uint8_t { kEmpty, kReady, kCorrupt };

@@ -234,12 +234,14 @@ __device__ bool ll_wait(uint64_t* line, uint32_t lane, uint32_t words, uint32_t 
   return false;  // the driver is gone
 }
 
+__device__ uint32_t g_ll_stage[32];  // kind 15
+
 __global__ void ll_responder(uint32_t* pong, uint64_t* line, uint64_t* reply, uint4* data,
                              uint32_t count, int kind, uint32_t stagger_ns) {
   const uint32_t lane = threadIdx.x;
   const uint32_t words = kind == 6 ? 16 : 32;
   const uint32_t polls = ll_polls(kind);
-  const uint32_t copy_words = kind >= 12 ? 32 : 0;
+  const uint32_t copy_words = kind == 12 || kind == 13 ? 32 : 0;
   for (uint32_t i = 1; i <= count; ++i) {
     uint64_t w = 0;
     const bool seen = polls == 1   ? ll_wait<1>(line, lane, words, i, w, 0, 0)
@@ -250,6 +252,27 @@ __global__ void ll_responder(uint32_t* pong, uint64_t* line, uint64_t* reply, ui
     if (kind == 7 || kind == 11) {
       cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(reply[lane])
           .store((uint64_t{i} << 32) | value, cuda::std::memory_order_relaxed);
+      continue;
+    }
+    if (kind >= 14) {
+      // The reply line first, then what a ring publish does: a 64 B write, a fence and a flag.
+      uint32_t v = value;
+      if (kind == 15) {
+        // The line's data staged through device memory first (a neighbour lane's word).
+        g_ll_stage[lane] = value;
+        __syncwarp();
+        v = cuda::atomic_ref<uint32_t, cuda::thread_scope_block>(g_ll_stage[(lane + 1) % 32])
+                .load(cuda::std::memory_order_relaxed);
+      }
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(reply[lane])
+          .store((uint64_t{i} << 32) | v, cuda::std::memory_order_relaxed);
+      if (kind == 16) (void)ll_load(line + lane);  // a read across PCIe after the stores
+      if (lane < 4) data[8 + lane] = uint4{value, value, value, value};
+      __syncwarp();
+      if (lane == 0) {
+        mqueue::fence_release();
+        mqueue::store_relaxed(pong, value);
+      }
       continue;
     }
     if (kind == 8 && lane < 4) data[8 + lane] = uint4{value, value, value, value};
@@ -315,7 +338,7 @@ std::string run_pair(Shared* shared, const std::function<void()>& driver,
   return "";
 }
 
-// kind < 0: the flag responder (the floor); 0-4: step_responder of that kind; 5-11: ll_responder
+// kind < 0: the flag responder (the floor); 0-4: step_responder of that kind; 5-16: ll_responder
 // (9-11 with their loads `stagger_ns` apart at the start).
 LatencySummary measure_floor(uint32_t count, int kind = -1, uint32_t stagger_ns = 0) {
   Shared* shared = map_shared(count);
@@ -328,8 +351,8 @@ LatencySummary measure_floor(uint32_t count, int kind = -1, uint32_t stagger_ns 
   const std::string err = run_pair(
       shared,
       [&] {
-        auto* line = reinterpret_cast<uint64_t*>(flags->data() +
-                                                 (kind >= 12 ? kLlCopiesOffset : kLlLineOffset));
+        auto* line = reinterpret_cast<uint64_t*>(
+            flags->data() + (kind == 12 || kind == 13 ? kLlCopiesOffset : kLlLineOffset));
         const uint32_t copies = kind == 12 ? 2 : kind == 13 ? 4 : 1;
         auto* reply = reinterpret_cast<uint64_t*>(flags->data() + kLlReplyOffset);
         const uint32_t words = kind == 6 ? 16 : 32;
@@ -345,7 +368,7 @@ LatencySummary measure_floor(uint32_t count, int kind = -1, uint32_t stagger_ns 
                     .store((uint64_t{i} << 32) | i, std::memory_order_relaxed);
             }
           }
-          if (kind == 7 || kind == 11) {
+          if (kind == 7 || kind == 11 || kind >= 14) {
             for (uint32_t w = 0; w < 32; ++w) {
               while (std::atomic_ref<uint64_t>(reply[w]).load(std::memory_order_relaxed) >> 32 !=
                      i) {
@@ -356,6 +379,10 @@ LatencySummary measure_floor(uint32_t count, int kind = -1, uint32_t stagger_ns 
             }
           }
           shared->samples[i - 1] = now_ns() - t0;
+          // 14-16: the kernel publishes after the line; the next request waits for it, so that
+          // only the line's own latency is timed.
+          while (kind >= 14 && mqueue::load_acquire(pong) != i) {
+          }
         }
       },
       [&]() -> Status {
@@ -376,8 +403,8 @@ LatencySummary measure_floor(uint32_t count, int kind = -1, uint32_t stagger_ns 
         } else {
           ll_responder<<<1, 32, 0, stream.get()>>>(
               d_pong,
-              reinterpret_cast<uint64_t*>(range.device() +
-                                          (kind >= 12 ? kLlCopiesOffset : kLlLineOffset)),
+              reinterpret_cast<uint64_t*>(
+                  range.device() + (kind == 12 || kind == 13 ? kLlCopiesOffset : kLlLineOffset)),
               reinterpret_cast<uint64_t*>(range.device() + kLlReplyOffset),
               reinterpret_cast<uint4*>(range.device() + 3072), count, kind, stagger_ns);
         }
@@ -394,6 +421,7 @@ LatencySummary measure_floor(uint32_t count, int kind = -1, uint32_t stagger_ns 
 // --rx-lines: every region of the run announces its RX entries in LL lines
 // (mqueue/layout.hpp), which the kernel polls instead of the tails.
 bool g_rx_lines = false;
+bool g_tx_lines = false;
 // --rtt-queues: the latency runs' regions have this many queues, each polled by a worker of its
 // own, while the driver uses queue 0 only (what the other queues' polling costs a request).
 uint32_t g_rtt_queues = 1;
@@ -415,6 +443,7 @@ mqueue::ShmMapping make_region(const RingSetup& r) {
   g.ring_capacity = r.capacity;
   g.max_message_bytes = r.message;
   g.rx_lines = g_rx_lines;
+  g.tx_lines = g_tx_lines;
   Result<mqueue::ShmMapping> m = mqueue::create_shm_region(g, 1, "gpu-bench");
   if (!m.ok()) throw std::runtime_error(m.status().message());
   return std::move(m).value();
@@ -441,10 +470,13 @@ struct GpuSide {
 };
 
 // Round trips of one message at a time through queue 0, answered by H (an echo: the reply must
-// have the request's length).
+// have the request's length). `gap_ns`: the driver waits this long (spinning) after each reply
+// before it sends the next request, as a server's clients leave the GPU time between requests;
+// 0: back to back, where whatever the GPU does after a reply is visible (its publish) delays
+// the next request.
 template <class H = Echo<1>>
-LatencySummary measure_rtt(uint32_t count, uint32_t message,
-                           const accel::GpuOptions& options = {}) {
+LatencySummary measure_rtt(uint32_t count, uint32_t message, const accel::GpuOptions& options = {},
+                           uint64_t gap_ns = 0) {
   RingSetup setup;
   setup.queues = g_rtt_queues;
   setup.message = message;
@@ -470,7 +502,12 @@ LatencySummary measure_rtt(uint32_t count, uint32_t message,
           mqueue::Entry e;
           for (;;) {
             tx.refresh_tail();
-            const mqueue::PollResult r = tx.next(e);
+            mqueue::PollResult r = tx.next(e);
+            // With TX lines, as snic_server: the reply's line may land before its tail.
+            if (r == mqueue::PollResult::kEmpty) {
+              r = tx.next_by_line(e);
+              if (r == mqueue::PollResult::kReady && i >= warmup) shared->replies.fetch_add(1);
+            }
             if (r == mqueue::PollResult::kReady) break;
             if (r == mqueue::PollResult::kCorrupt) throw std::runtime_error("corrupt reply");
           }
@@ -479,6 +516,8 @@ LatencySummary measure_rtt(uint32_t count, uint32_t message,
           tx.release();
           tx.publish();
           if (i >= warmup) shared->samples[i - warmup] = t1 - t0;
+          while (gap_ns != 0 && now_ns() - t1 < gap_ns) {
+          }
         }
       },
       [&] {
@@ -488,6 +527,10 @@ LatencySummary measure_rtt(uint32_t count, uint32_t message,
       },
       [&] { gpu.stop(); });
   if (!err.empty()) throw std::runtime_error("rtt: " + err);
+  if (g_tx_lines) {
+    std::printf("  (%llu of %u replies taken from their TX lines)\n",
+                static_cast<unsigned long long>(shared->replies.load()), count);
+  }
   std::vector<uint64_t> v(shared->samples, shared->samples + count);
   return summarize(v);
 }
@@ -545,7 +588,11 @@ ThroughputResult measure_throughput(const char* name, uint32_t queues, uint32_t 
                   tx.refresh_tail();
                   mqueue::Entry e;
                   mqueue::PollResult r;
-                  while ((r = tx.next(e)) == mqueue::PollResult::kReady) {
+                  auto next = [&] {
+                    const mqueue::PollResult by_tail = tx.next(e);
+                    return by_tail == mqueue::PollResult::kEmpty ? tx.next_by_line(e) : by_tail;
+                  };
+                  while ((r = next()) == mqueue::PollResult::kReady) {
                     if (e.token != got[q] || e.length != reply) {
                       throw std::runtime_error("queue " + std::to_string(q) + ": reply " +
                                                std::to_string(got[q]) + " wrong");
@@ -656,7 +703,10 @@ int main(int argc, char** argv) {
   bool latency_only = false;
   app.add_flag("--latency-only", latency_only, "only the latency measurements");
   app.add_flag("--rx-lines", g_rx_lines, "regions with RX lines (the kernel polls LL lines)");
+  app.add_flag("--tx-lines", g_tx_lines,
+               "regions with TX lines (warps announce short replies in LL lines)");
   app.add_option("--busy-polls", g_busy_polls, "GPU workers' empty rounds before they sleep");
+
   app.add_option("--stagger-ns", g_stagger_ns,
                  "steps 9-11: time between the first overlapping reads of the line");
   app.add_option("--rtt-queues", g_rtt_queues, "queues polled in the latency runs (1 used)")
@@ -680,6 +730,9 @@ int main(int argc, char** argv) {
     const LatencySummary rtt_single = measure_rtt(samples, 64, single);
     std::printf("rtt 64 B, burst 1: p50 %.2f us p99 %.2f us\n", rtt_single.p50_ns / 1e3,
                 rtt_single.p99_ns / 1e3);
+    const LatencySummary rtt_apart = measure_rtt(samples, 64, {}, 5000);
+    std::printf("rtt 64 B, 5 us apart: p50 %.2f us p99 %.2f us\n", rtt_apart.p50_ns / 1e3,
+                rtt_apart.p99_ns / 1e3);
     static const char* const kStepNames[] = {
         "warp polls the flag (floor in a warp)",
         "+ 64 B read",
@@ -694,9 +747,12 @@ int main(int argc, char** argv) {
         "as 5, four reads of the line in flight",
         "as 7, four reads of the line in flight",
         "as 5, two reads in flight, each of its own copy of the line",
-        "as 5, four reads in flight, each of its own copy of the line"};
+        "as 5, four reads in flight, each of its own copy of the line",
+        "as 7, then a 64 B write, fence and flag (the reply line before a publish)",
+        "as 14, the reply line's data staged through device memory",
+        "as 14, a read across PCIe right after the reply line"};
     std::vector<LatencySummary> steps;
-    for (int k = 0; k < 14; ++k) {
+    for (int k = 0; k < 17; ++k) {
       steps.push_back(measure_floor(samples, k, g_stagger_ns));
       std::printf("step %d (%s): p50 %.2f us p99 %.2f us\n", k, kStepNames[k],
                   steps.back().p50_ns / 1e3, steps.back().p99_ns / 1e3);
@@ -774,12 +830,16 @@ int main(int argc, char** argv) {
         "separate process that never touches CUDA");
     j.key("rx_lines");
     j.value(g_rx_lines);
+    j.key("tx_lines");
+    j.value(g_tx_lines);
     j.key("floor_flag_pingpong");
     write_latency(j, floor);
     j.key("rtt_echo_64B");
     write_latency(j, rtt);
     j.key("rtt_echo_64B_burst_1");
     write_latency(j, rtt_single);
+    j.key("rtt_echo_64B_5us_apart");
+    write_latency(j, rtt_apart);
     j.key("steps");
     j.begin_array();
     for (size_t k = 0; k < steps.size(); ++k) {
@@ -843,6 +903,7 @@ int main(int argc, char** argv) {
     md << "Date " << machine.date_utc << ", commit " << commit << ", CPU " << machine.cpu_model
        << " (" << machine.online_cpus << " online). Regions "
        << (g_rx_lines ? "with RX lines (the kernel polls LL lines, not tails)" : "without RX lines")
+       << (g_tx_lines ? ", with TX lines (replies announced in LL lines)" : ", without TX lines")
        << ".\n\n";
     md << "| round trip, 64 B | p50 | p90 | p99 | p99.9 |\n| --- | --- | --- | --- | --- |\n";
     auto row = [&](const char* what, const LatencySummary& s) {
@@ -852,6 +913,7 @@ int main(int argc, char** argv) {
     row("floor: flag ping-pong, process to kernel", floor);
     row("Caracal: RX ring, echo kernel, TX ring", rtt);
     row("the same, burst 1", rtt_single);
+    row("the same, 5 us between a reply and the next request", rtt_apart);
     for (size_t k = 0; k < steps.size(); ++k)
       row((std::string("step: ") + kStepNames[k]).c_str(), steps[k]);
     md << "\n| round trip, 16 KiB | p50 | p90 | p99 | p99.9 |\n| --- | --- | --- | --- | --- |\n";

@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -227,6 +228,14 @@ class RemoteDriver {
         progress();
         r = tx.next(e);
       }
+      // With TX lines over shm, as snic_server does: an entry announced by its line, before
+      // the tail that covers it.
+      if constexpr (std::is_same_v<T, mqueue::ShmTransport>) {
+        if (r == mqueue::PollResult::kEmpty) {
+          r = tx.next_by_line(e);
+          if (r == mqueue::PollResult::kReady) ++by_line_;
+        }
+      }
       if (r == mqueue::PollResult::kEmpty) break;
       if (r == mqueue::PollResult::kCorrupt) {
         throw std::runtime_error("TX ring " + std::to_string(queue) +
@@ -239,6 +248,9 @@ class RemoteDriver {
     tx.publish();
     return n;
   }
+
+  // Entries take_tx() took from TX lines.
+  uint64_t taken_by_line() const { return by_line_; }
 
   // fetch_tails + take_tx of every server queue.
   size_t poll_replies(std::vector<TxEntry>& out) {
@@ -319,6 +331,7 @@ class RemoteDriver {
  protected:
   std::optional<T> transport_;
   std::optional<Remote> remote_;
+  uint64_t by_line_ = 0;
 };
 
 // The shm setup: a region created the way an agent creates it, and the SmartNIC side attached

@@ -27,6 +27,12 @@
 // Publishing. A burst ends with one system-scope release fence, then relaxed stores of the TX
 // tail and the RX head (RingProducer/RingConsumer::publish_after_fence).
 //
+// With TX lines, a warp or block with a single-request handler has it write its reply into the
+// worker's staging in device memory; the group then announces a reply of up to
+// kLineInlineBytes in its line (a word a lane, relaxed: each word carries its own flag) and
+// copies the reply into its slots, both before the burst's fence. The server takes the reply
+// from the line as soon as it lands, where the tail would wait for the fence (mqueue/layout.hpp).
+//
 // Polling and stopping. A worker that finds nothing spins busy_polls rounds, then sleeps with
 // __nanosleep between rounds, doubling up to idle_sleep_max_ns, so an idle service stops
 // reading across PCIe at full rate. The stop word is read every kStopCheckRounds rounds when
@@ -100,6 +106,11 @@ struct Mailbox {
   // (nullptr: the queue is stopped). The group decodes the line into `image`.
   const uint64_t* line;
   uint32_t line_flag;
+  // With TX lines: the committed reply's header, and its line (nullptr: too long for one) with
+  // the flag its words carry.
+  uint64_t* tx_line;
+  uint32_t tx_flag;
+  mqueue::SlotHeader reply;
   alignas(16) std::byte image[kSlotImageBytes];
 };
 
@@ -112,7 +123,9 @@ struct KernelArgs {
   Request* batch_requests;   // [workers][kBatch] (batched handlers)
   std::byte** batch_out;     // [workers][kBatch]
   uint32_t* batch_sizes;     // [workers][kBatch]
-  std::byte* staging;        // [workers][kBatch][staging_stride]
+  // [workers][kBatch][staging_stride]: batched handlers' replies; with TX lines, the reply of
+  // a warp- or block-granular single-request handler (kBatch 1). nullptr: none.
+  std::byte* staging;
   uint32_t staging_stride;
   uint32_t workers;
   uint32_t burst;
@@ -179,6 +192,31 @@ __device__ inline void overrun_error(Response& resp, Tally& tally) {
   resp.set_error("handler response overran its buffer");
 }
 
+// With TX lines: a group's reply, written by the handler into `stage`, goes out from there. Lane
+// k < kLineWords stores word k of the reply's line (the header from the mailbox, then the
+// payload, zero-padded) when it has one, and then the group copies the payload into its slots.
+// The line's words go out first: they are what the server waits for.
+template <class L>
+__device__ void announce_reply(const Mailbox* box, const std::byte* stage, std::byte* out,
+                               const Group& group) {
+  const mqueue::SlotHeader h = box->reply;
+  uint64_t* line = box->tx_line;
+  const uint32_t k = L::rank();
+  if (line != nullptr && k < mqueue::kLineWords) {
+    constexpr uint32_t kHeaderWords = mqueue::kSlotHeaderBytes / 4;
+    uint32_t d = 0;
+    if (k < kHeaderWords) {
+      memcpy(&d, reinterpret_cast<const std::byte*>(&h) + 4 * k, 4);
+    } else if (const uint32_t at = 4 * (k - kHeaderWords); at < h.length) {
+      memcpy(&d, stage + at, 4);  // staging is 16-byte aligned
+      const uint32_t valid = h.length - at;
+      if (valid < 4) d &= (1u << (8 * valid)) - 1;
+    }
+    mqueue::store_relaxed(line + k, mqueue::line_word(box->tx_flag, d));
+  }
+  group_copy(group, out, stage, h.length);
+}
+
 // One worker's share of a queue with a single-request handler: up to `burst` requests, replies
 // written in place in the TX ring, then one publish of TX and one of RX. Every thread of the
 // group calls it; the returned count is meaningful in the leader.
@@ -193,9 +231,13 @@ __device__ inline void overrun_error(Response& resp, Tally& tally) {
 // across PCIe finds the entry and, up to kLineInlineBytes, delivers it. The leader loads the
 // tail in the same round trip; when it covers more entries, the burst goes on through the ring
 // as above, after one acquire fence.
+//
+// `stage` (TX lines, warps and blocks): where the handler writes its reply (announce_reply);
+// nullptr: straight into the TX ring.
 template <class H, class L>
 __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q, H& handler,
-                                Context& ctx, Mailbox* box, bool leader, Tally& tally) {
+                                Context& ctx, Mailbox* box, bool leader, Tally& tally,
+                                std::byte* stage) {
   constexpr bool kImage = granularity_of<H>() != Granularity::kThread;
   const std::byte* image = nullptr;
   uint32_t image_bytes = 0;
@@ -293,7 +335,7 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
     }
     L::sync();  // everyone has read the mailbox before the leader writes it again
     if (!serve) break;
-    Response resp{out, a.max_response, 0, 0};
+    Response resp{stage != nullptr ? stage : out, a.max_response, 0, 0};
     handler(req, resp, ctx);
     L::sync();  // every thread's reply bytes are written
     if (leader) {
@@ -301,6 +343,17 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
       qs.tx.commit(resp.size, req.token, resp.flags);
       qs.rx.release();
       ++n;
+      if (stage != nullptr) {
+        box->tx_line = qs.tx.line(box->tx_flag);
+        box->reply = qs.tx.committed_header();
+      }
+    }
+    if constexpr (kImage) {
+      if (stage != nullptr) {
+        L::sync();  // the mailbox has the reply's header and line, staging the error text
+        announce_reply<L>(box, stage, out, ctx.group());
+        L::sync();  // staging is copied out before the next handler writes it
+      }
     }
   }
   if (leader && n != 0) {
@@ -425,6 +478,10 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
   }
   L::sync();
 
+  // With TX lines, warps and blocks stage single replies (announce_reply).
+  std::byte* const stage = kG != Granularity::kThread && batch_of<H>() == 1 && a.staging != nullptr
+                               ? a.staging + size_t{w} * a.staging_stride
+                               : nullptr;
   H handler = prototype;  // every thread its own copy
   Context ctx(Group(kG, L::rank(), L::size()), channels, channel_count, w);
   Tally tally;
@@ -439,7 +496,7 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
       QueueState qs;
       if (leader) qs = a.queues[q];
       if constexpr (batch_of<H>() == 1) {
-        served += serve_queue<H, L>(a, qs, q, handler, ctx, box, leader, tally);
+        served += serve_queue<H, L>(a, qs, q, handler, ctx, box, leader, tally, stage);
       } else {
         served += serve_batches<H, L>(a, qs, q, w, handler, ctx, box, leader, tally);
       }
@@ -534,6 +591,11 @@ class GpuAccelerator {
       if (Status s = alloc(res->batch, batch_entry * w * kBatch, "GPU batch state"); !s.ok()) {
         return s;
       }
+    }
+    // Batched handlers' replies; with TX lines, a warp's or block's single reply.
+    const bool stage_replies = kBatch > 1 || (mqueue::has_tx_lines(header_) &&
+                                              granularity_of<H>() != Granularity::kThread);
+    if (stage_replies) {
       if (Status s = alloc(res->staging, uint64_t{stride} * w * kBatch, "GPU reply staging");
           !s.ok()) {
         return s;
@@ -571,8 +633,8 @@ class GpuAccelerator {
       args.batch_out = reinterpret_cast<std::byte**>(b + sizeof(Request) * w * kBatch);
       args.batch_sizes =
           reinterpret_cast<uint32_t*>(b + (sizeof(Request) + sizeof(std::byte*)) * w * kBatch);
-      args.staging = res->staging.data();
     }
+    args.staging = stage_replies ? res->staging.data() : nullptr;
     args.staging_stride = stride;
     args.workers = w;
     args.burst = options_.burst == 0 ? 1 : options_.burst;

@@ -228,14 +228,6 @@ class RemoteDriver {
         progress();
         r = tx.next(e);
       }
-      // With TX lines over shm, as snic_server does: an entry announced by its line, before
-      // the tail that covers it.
-      if constexpr (std::is_same_v<T, mqueue::ShmTransport>) {
-        if (r == mqueue::PollResult::kEmpty) {
-          r = tx.next_by_line(e);
-          if (r == mqueue::PollResult::kReady) ++by_line_;
-        }
-      }
       if (r == mqueue::PollResult::kEmpty) break;
       if (r == mqueue::PollResult::kCorrupt) {
         throw std::runtime_error("TX ring " + std::to_string(queue) +
@@ -249,13 +241,37 @@ class RemoteDriver {
     return n;
   }
 
-  // Entries take_tx() took from TX lines.
+  // Entries take_tx_lines() took from TX lines.
   uint64_t taken_by_line() const { return by_line_; }
 
-  // fetch_tails + take_tx of every server queue.
-  size_t poll_replies(std::vector<TxEntry>& out) {
-    fetch_tails();
+  // With TX lines over shm (as snic_server polls them): every entry of `queue` announced by its
+  // line, ahead of the tail that covers it.
+  size_t take_tx_lines(uint32_t queue, std::vector<TxEntry>& out) {
     size_t n = 0;
+    if constexpr (std::is_same_v<T, mqueue::ShmTransport>) {
+      auto& tx = remote_->tx(queue);
+      mqueue::Entry e;
+      for (;;) {
+        const mqueue::PollResult r = tx.next_by_line(e);
+        if (r == mqueue::PollResult::kEmpty) break;
+        if (r == mqueue::PollResult::kCorrupt) {
+          throw std::runtime_error("TX line " + std::to_string(queue) +
+                                   " corrupt: " + mqueue::entry_check_name(tx.last_check()));
+        }
+        out.push_back(TxEntry{queue, e.token, e.flags, {e.payload, e.payload + e.length}});
+        ++n;
+        ++by_line_;
+      }
+    }
+    return n;
+  }
+
+  // take_tx_lines, then fetch_tails + take_tx, of every server queue.
+  size_t poll_replies(std::vector<TxEntry>& out) {
+    size_t n = 0;
+    for (uint32_t q = 0; q < server_queues(); ++q)
+      n += take_tx_lines(q, out);
+    fetch_tails();
     for (uint32_t q = 0; q < server_queues(); ++q)
       n += take_tx(q, out);
     return n;

@@ -216,24 +216,27 @@ class RegionPeer {
         remote_->rx(q).publish();
         ++sent;
       }
-      remote_->fetch_tx_tails();
-      remote_->deliver_tx_tails();
-      for (uint32_t q = 0; q < queues; ++q) {
+      // With TX lines: first every reply announced by its line (the tail that covers it may
+      // already be out as well: the CPU workers publish right after), then by the tails.
+      auto take = [&](uint32_t q, bool by_line) {
         auto& tx = remote_->tx(q);
         mqueue::Entry e;
         for (;;) {
-          mqueue::PollResult r = tx.next(e);
-          // With TX lines, as snic_server does: a reply announced by its line, before its tail.
-          if (r == mqueue::PollResult::kEmpty) {
-            r = tx.next_by_line(e);
-            if (r == mqueue::PollResult::kReady) ++by_line_;
-          }
+          const mqueue::PollResult r = by_line ? tx.next_by_line(e) : tx.next(e);
           if (r == mqueue::PollResult::kEmpty) break;
           if (r == mqueue::PollResult::kCorrupt) throw std::runtime_error("corrupt TX entry");
           replies[e.token] = TxEntry{q, e.token, e.flags, {e.payload, e.payload + e.length}};
+          if (by_line) ++by_line_;
         }
-        tx.release();
-        tx.publish();
+      };
+      for (uint32_t q = 0; q < queues; ++q)
+        take(q, true);
+      remote_->fetch_tx_tails();
+      remote_->deliver_tx_tails();
+      for (uint32_t q = 0; q < queues; ++q) {
+        take(q, false);
+        remote_->tx(q).release();
+        remote_->tx(q).publish();
       }
       return replies.size() >= payloads.size();
     });

@@ -37,27 +37,13 @@ RegionGeometry lines_geometry() {
   return g;
 }
 
-class RxLinesTest : public ::testing::Test {
+class RxLinesTest : public ::testing::Test, public test::ShmPair {
  protected:
-  RxLinesTest()
-      : region_(lines_geometry()), transport_(region_.base(), region_.header().region_bytes) {}
+  RxLinesTest() : ShmPair(lines_geometry()) {}
 
-  RemoteRegion<ShmTransport> attach() {
-    Result<RemoteRegion<ShmTransport>> r = RemoteRegion<ShmTransport>::attach(&transport_);
-    EXPECT_TRUE(r.ok()) << r.status().message();
-    return std::move(r).value();
-  }
-  const RegionHeader& header() const { return region_.header(); }
   const uint64_t* line(uint32_t queue, uint32_t index) const {
     return region_.view().rx_lines(queue) + size_t{index} * kLineWords;
   }
-  uint32_t& word(IndexArray array, uint32_t queue, uint32_t byte_offset = 0) {
-    return *reinterpret_cast<uint32_t*>(region_.base() + index_offset(header(), array, queue) +
-                                        byte_offset);
-  }
-
-  LocalRegion region_;
-  ShmTransport transport_;
 };
 
 TEST(RxLinesLayout, LinesFollowTheRingsOneLineASlot) {

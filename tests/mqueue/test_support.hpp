@@ -9,11 +9,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/mqueue/region.hpp"
+#include "caracal/mqueue/remote_region.hpp"
 #include "caracal/mqueue/ring.hpp"
 #include "caracal/mqueue/shm.hpp"
 
@@ -82,6 +85,31 @@ class LocalRegion {
   std::byte* base_;
 };
 
+// A LocalRegion and the SmartNIC's view of it through ShmTransport: what a test of the
+// protocol between the two sides drives.
+class ShmPair {
+ public:
+  explicit ShmPair(const RegionGeometry& g)
+      : region_(g), transport_(region_.base(), region_.header().region_bytes) {}
+
+  // The SmartNIC's handle, as RemoteRegion::attach makes it (a new one resumes the rings at
+  // their published indexes). Throws when attach fails.
+  RemoteRegion<ShmTransport> attach() {
+    Result<RemoteRegion<ShmTransport>> r = RemoteRegion<ShmTransport>::attach(&transport_);
+    if (!r.ok()) throw std::runtime_error("attach: " + r.status().message());
+    return std::move(r).value();
+  }
+  const RegionHeader& header() const { return region_.header(); }
+  // An index line's word at `byte_offset` (kEntriesWordOffset: the entry count).
+  uint32_t& word(IndexArray array, uint32_t queue, uint32_t byte_offset = 0) {
+    return *reinterpret_cast<uint32_t*>(region_.base() + index_offset(header(), array, queue) +
+                                        byte_offset);
+  }
+
+  LocalRegion region_;
+  ShmTransport transport_;
+};
+
 // A message copied out of a ring.
 struct Message {
   std::vector<std::byte> payload;
@@ -114,16 +142,21 @@ bool push_message(Producer& p, const std::vector<std::byte>& payload, uint64_t t
   return p.commit(length, token, flags);
 }
 
+// An entry's payload (at `payload`, e.g. a copy of it) and header fields, copied out.
+inline Message copy_out(const Entry& e, const std::byte* payload) {
+  Message m;
+  m.payload.assign(payload, payload + e.length);
+  m.token = e.token;
+  m.flags = e.flags;
+  return m;
+}
+
 // next() on any consumer, copied out; nullopt unless it returned kReady.
 template <class Consumer>
 std::optional<Message> pop_message(Consumer& c) {
   Entry e;
   if (c.next(e) != PollResult::kReady) return std::nullopt;
-  Message m;
-  m.payload.assign(e.payload, e.payload + e.length);
-  m.token = e.token;
-  m.flags = e.flags;
-  return m;
+  return copy_out(e, e.payload);
 }
 
 // next_by_line() on a RingConsumer with RX lines, copied out: a payload that fits in the line
@@ -132,12 +165,15 @@ inline std::optional<Message> pop_by_line(RingConsumer& c) {
   alignas(16) std::byte image[kLineDataBytes];
   Entry e;
   if (c.next_by_line(e, image) != PollResult::kReady) return std::nullopt;
-  const std::byte* payload = e.length <= kLineInlineBytes ? image + kSlotHeaderBytes : e.payload;
-  Message m;
-  m.payload.assign(payload, payload + e.length);
-  m.token = e.token;
-  m.flags = e.flags;
-  return m;
+  return copy_out(e, e.length <= kLineInlineBytes ? image + kSlotHeaderBytes : e.payload);
+}
+
+// next_by_line() on the SmartNIC's consumer of a TX ring with TX lines, copied out.
+template <class RemoteConsumer>
+std::optional<Message> pop_tx_line(RemoteConsumer& c) {
+  Entry e;
+  if (c.next_by_line(e) != PollResult::kReady) return std::nullopt;
+  return copy_out(e, e.payload);
 }
 
 // An unsigned setting from the environment, or `fallback` when unset or unparsable.

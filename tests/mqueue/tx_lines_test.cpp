@@ -38,32 +38,15 @@ RegionGeometry tx_lines_geometry(bool rx_lines = false) {
 }
 
 std::optional<Message> pop_line(RemoteRingConsumer<ShmTransport>& c) {
-  Entry e;
-  if (c.next_by_line(e) != PollResult::kReady) return std::nullopt;
-  Message m;
-  m.payload.assign(e.payload, e.payload + e.length);
-  m.token = e.token;
-  m.flags = e.flags;
-  return m;
+  return test::pop_tx_line(c);
 }
 
-class TxLinesTest : public ::testing::Test {
+class TxLinesTest : public ::testing::Test, public test::ShmPair {
  protected:
-  TxLinesTest()
-      : region_(tx_lines_geometry()), transport_(region_.base(), region_.header().region_bytes) {}
+  TxLinesTest() : ShmPair(tx_lines_geometry()) {}
 
-  RemoteRegion<ShmTransport> attach() {
-    Result<RemoteRegion<ShmTransport>> r = RemoteRegion<ShmTransport>::attach(&transport_);
-    EXPECT_TRUE(r.ok()) << r.status().message();
-    return std::move(r).value();
-  }
-  const RegionHeader& header() const { return region_.header(); }
   uint64_t* line(uint32_t queue, uint32_t index) const {
     return region_.view().tx_lines(queue) + size_t{index} * kLineWords;
-  }
-  uint32_t word(IndexArray array, uint32_t queue, uint32_t byte_offset = 0) const {
-    return *reinterpret_cast<const uint32_t*>(region_.base() +
-                                              index_offset(header(), array, queue) + byte_offset);
   }
   // Pushes `payload` and announces it in its line when it fits.
   static bool push_with_line(RingProducer& p, const std::vector<std::byte>& payload, uint64_t token,
@@ -72,9 +55,6 @@ class TxLinesTest : public ::testing::Test {
     p.write_line();
     return true;
   }
-
-  LocalRegion region_;
-  ShmTransport transport_;
 };
 
 TEST(TxLinesLayout, TxLinesFollowTheRxLinesOfTheirQueue) {

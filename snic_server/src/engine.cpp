@@ -318,13 +318,10 @@ class TransportBinding final : public RegionBinding {
       }
       inbox.ring_slots_in_use.store(rx.outstanding_slots(), std::memory_order_relaxed);
     }
-    // TX rings. Local: a load of each of this thread's tails. Remote: one read of every tail
-    // (the region is served by one thread).
-    std::optional<prof::Scope> tx_fetch(std::in_place, prof::kTxFetch);
-    if constexpr (kLocal) {
-      for (const uint32_t q : queues)
-        region_.observe_tx_tail(q);
-    } else {
+    // TX rings. Local: a load of each of this thread's tails, as it goes (below). Remote: one
+    // read of every tail (the region is served by one thread).
+    if constexpr (!kLocal) {
+      prof::Scope tx_fetch(prof::kTxFetch);
       if (should_fetch_tx_tails()) region_.fetch_tx_tails();
       if (Status s = transport_->progress(); !s.ok()) {
         fault = "transport: " + s.message();
@@ -332,7 +329,6 @@ class TransportBinding final : public RegionBinding {
       }
       if (!region_.deliver_tx_tails()) return busy;
     }
-    tx_fetch.reset();
     bool delivered_any = false;
     for (const uint32_t q : queues) {
       auto& tx = region_.tx(q);
@@ -341,18 +337,27 @@ class TransportBinding final : public RegionBinding {
       mqueue::PollResult pr;
       bool any = false;
       for (;;) {
+        bool by_line = false;
         {
           prof::Scope t(prof::kTxNext);
-          pr = tx.next(e);
-          // Local, with TX lines: an entry the accelerator has announced in its line is taken
-          // before the tail that covers it is published (mqueue/layout.hpp).
           if constexpr (kLocal) {
-            if (pr == mqueue::PollResult::kEmpty) pr = tx.next_by_line(e);
+            // With TX lines, an entry the accelerator has announced in its line first: it lands
+            // before the tail that covers it is published (mqueue/layout.hpp). Then the tail,
+            // loaded now, for entries without a line (none without TX lines).
+            pr = tx.next_by_line(e);
+            by_line = pr == mqueue::PollResult::kReady;
+            if (pr == mqueue::PollResult::kEmpty) {
+              region_.observe_tx_tail(q);
+              pr = tx.next(e);
+            }
+          } else {
+            pr = tx.next(e);
           }
         }
         if (pr != mqueue::PollResult::kReady) break;
         any = true;
         if (server_queue) {
+          if (by_line && r.service() != nullptr) r.service()->count_line_reply();
           reply(engine, r, q, e);
         } else {
           call_out(r, q - h.server_queue_count, e);

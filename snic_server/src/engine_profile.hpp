@@ -19,8 +19,8 @@ enum Stage : uint32_t {
   kRxWrite,      // the RX loop of one queue: reserve, copy, commit, bookkeeping, request free
   kRxCopy,       // memcpy of a request into its RX slot
   kRequestFree,  // destroying the request's Message (its buffer came from an I/O thread)
-  kTxFetch,      // fetch_tx_tails + deliver_tx_tails
-  kTxNext,       // RemoteRingConsumer::next (reads the entry's header)
+  kTxFetch,      // fetch_tx_tails + deliver_tx_tails (rdma; shm loads its tails in kTxNext)
+  kTxNext,       // RemoteRingConsumer::next_by_line, the tail's load (shm), next
   kReplyAlloc,   // the reply's buffer
   kReplyCopy,    // copy of the TX payload into it
   kRoute,        // ReplyTable::route

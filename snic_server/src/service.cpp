@@ -28,6 +28,10 @@ Service::Service(const ServiceConfig& config, Engine& engine, Registry& metrics)
                               "Times a TCP connection stopped reading because the service's "
                               "queues were congested",
                               {{"service", config.name}})),
+      line_replies_(metrics.counter("caracal_service_tx_line_replies_total",
+                                    "Replies taken from their TX lines, ahead of the tail that "
+                                    "publishes them",
+                                    {{"service", config.name}})),
       drops_(metrics, "caracal_service_drops_total", "Requests or replies dropped, by reason",
              {{"service", config.name}}),
       latency_(metrics.histogram("caracal_service_latency_seconds",

@@ -108,6 +108,8 @@ class Service {
   void count_request() { requests_.inc(); }
   void count_answer(const Reply& reply, std::chrono::steady_clock::duration latency);
   void count_drop(DropReason reason) { drops_.inc(reason); }
+  // A reply taken from its TX line, ahead of the tail (mqueue/layout.hpp).
+  void count_line_reply() { line_replies_.inc(); }
 
  private:
   struct Target {
@@ -170,6 +172,7 @@ class Service {
   Counter& replies_;
   Counter& errors_;
   Counter& pauses_;
+  Counter& line_replies_;
   DropCounters drops_;
   Histogram& latency_;
 };

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Medians of low-load-pairs.csv: per machine and over both, TX lines on against off."""
+"""Medians of low-load-pairs.csv, TX lines on against off: per machine, and over the pairs of
+1cd19c5 (machines D and E)."""
 import csv
 import os
 import statistics
@@ -20,12 +21,13 @@ def describe(xs):
     return f"{statistics.median(xs):.2f} ({min(xs):.2f} to {max(xs):.2f})"
 
 
-for machine in ("D", "E", None):
-    rs = [r for r in rows if machine is None or r["machine"] == machine]
-    name = machine or "both"
+for machine in ("D", "E", "H", None):
+    rs = [r for r in rows
+          if r["machine"] == machine or (machine is None and r["commit"] == "1cd19c5")]
+    name = machine or "D and E (1cd19c5)"
     on = [r for r in rs if r["tx_lines"] == "on"]
     off = [r for r in rs if r["tx_lines"] == "off"]
-    print(f"== machine {name}: {len(on)} pairs")
+    print(f"== machine {name}: {len(on)} pairs, commit {rs[0]['commit']}")
     for label, key in (("sockperf", "sockperf_p50_us"), ("loadgen udp", "udp_p50_us"),
                        ("loadgen tcp", "tcp_p50_us")):
         for tx, group in (("on", on), ("off", off)):

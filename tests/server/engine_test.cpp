@@ -4,7 +4,8 @@
 // thread that serves its queue; detach and fail reach every thread's part of the region; commands
 // that come after the stop are settled at once. Each case runs with threads of the engine's own
 // and with hosted threads, whose rounds run in threads that serve an io_context (as snic_server's
-// I/O threads do with `engine_threads: 0`).
+// I/O threads do with `engine_threads: 0`). The region has TX lines: the CPU workers announce
+// every reply in one, and the engine takes replies from them before the tails.
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 
@@ -121,6 +122,7 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {
     g.slot_bytes = 64;
     g.ring_capacity = 64;
     g.max_message_bytes = 256;
+    g.tx_lines = true;
     test::TestRegion r = test::make_test_region(name, g, 7, service_.get());
     if (!r.region) return nullptr;
     mappings_.push_back(std::move(r.mapping));
@@ -199,6 +201,34 @@ TEST_P(EngineTest, EveryRequestIsAnsweredByTheThreadOfItsQueue) {
     seen.insert(it->second.thread);
   }
   EXPECT_EQ(seen.size(), std::min(threads(), kQueues));
+  EXPECT_EQ(engine_->in_flight(), 0);
+  // Some replies were taken from their TX lines (which of line and tail comes first is a race
+  // with the workers, so not all of them), and counted.
+  const std::string text = metrics_.render();
+  const std::string series = "caracal_service_tx_line_replies_total{service=\"svc\"} ";
+  const size_t at = text.find(series);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_GT(std::stoull(text.substr(at + series.size())), 0u) << text;
+}
+
+TEST_P(EngineTest, ATxLineThatCannotBeAnEntryFailsTheRegionWithTheReason) {
+  // No accelerator: request 0 waits on queue 0, and a line that announces its reply with 200
+  // bytes (valid in the slots, longer than a line holds) appears where the reply's would.
+  const std::vector<uint64_t> tokens = dispatch(1);
+  ASSERT_EQ(tokens.size(), 1u);
+  const mqueue::SlotHeader h{200, 0, static_cast<uint16_t>(mqueue::slots_for(200, 64)), tokens[0]};
+  uint32_t data[mqueue::kLineWords] = {};
+  std::memcpy(data, &h, sizeof(h));
+  uint64_t* line = mqueue::RegionView(mappings_.front().data()).tx_lines(0);
+  for (uint32_t k = 0; k < mqueue::kLineWords; ++k)
+    mqueue::store_relaxed(line + k, mqueue::line_word(mqueue::line_flag(0), data[k]));
+  const auto answers = sink_->wait_for(1);
+  ASSERT_EQ(answers.size(), 1u);
+  const Reply& r = answers.begin()->second.reply;
+  EXPECT_EQ(r.kind, Reply::Kind::kError);
+  EXPECT_EQ(r.bytes,
+            "agent fault: server queue 0: corrupt TX entry (TX line announces an entry that does "
+            "not fit in a line)");
   EXPECT_EQ(engine_->in_flight(), 0);
 }
 

@@ -199,22 +199,23 @@ __device__ inline void overrun_error(Response& resp, Tally& tally) {
 template <class L>
 __device__ void announce_reply(const Mailbox* box, const std::byte* stage, std::byte* out,
                                const Group& group) {
-  const mqueue::SlotHeader h = box->reply;
+  const uint32_t length = box->reply.length;
   uint64_t* line = box->tx_line;
   const uint32_t k = L::rank();
   if (line != nullptr && k < mqueue::kLineWords) {
     constexpr uint32_t kHeaderWords = mqueue::kSlotHeaderBytes / 4;
     uint32_t d = 0;
     if (k < kHeaderWords) {
-      memcpy(&d, reinterpret_cast<const std::byte*>(&h) + 4 * k, 4);
-    } else if (const uint32_t at = 4 * (k - kHeaderWords); at < h.length) {
+      // From the mailbox in place: a copy in registers indexed by lane would go to local memory.
+      memcpy(&d, reinterpret_cast<const std::byte*>(&box->reply) + 4 * k, 4);
+    } else if (const uint32_t at = 4 * (k - kHeaderWords); at < length) {
       memcpy(&d, stage + at, 4);  // staging is 16-byte aligned
-      const uint32_t valid = h.length - at;
+      const uint32_t valid = length - at;
       if (valid < 4) d &= (1u << (8 * valid)) - 1;
     }
     mqueue::store_relaxed(line + k, mqueue::line_word(box->tx_flag, d));
   }
-  group_copy(group, out, stage, h.length);
+  group_copy(group, out, stage, length);
 }
 
 // One worker's share of a queue with a single-request handler: up to `burst` requests, replies

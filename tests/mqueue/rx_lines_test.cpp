@@ -27,14 +27,7 @@ using test::pop_message;
 using test::push_message;
 
 RegionGeometry lines_geometry() {
-  RegionGeometry g;
-  g.server_queue_count = 2;
-  g.client_queue_count = 1;
-  g.slot_bytes = 64;
-  g.ring_capacity = 8;
-  g.max_message_bytes = 4 * 64 - kSlotHeaderBytes;
-  g.rx_lines = true;
-  return g;
+  return test::small_lines_geometry(/*rx_lines=*/true, /*tx_lines=*/false);
 }
 
 class RxLinesTest : public ::testing::Test, public test::ShmPair {

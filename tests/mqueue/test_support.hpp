@@ -85,6 +85,20 @@ class LocalRegion {
   std::byte* base_;
 };
 
+// The small region of the line tests: 2 server queues and 1 client queue of 8 slots of 64
+// bytes, messages of up to 4 slots, with RX lines and TX lines as asked.
+inline RegionGeometry small_lines_geometry(bool rx_lines, bool tx_lines) {
+  RegionGeometry g;
+  g.server_queue_count = 2;
+  g.client_queue_count = 1;
+  g.slot_bytes = 64;
+  g.ring_capacity = 8;
+  g.max_message_bytes = 4 * 64 - kSlotHeaderBytes;
+  g.rx_lines = rx_lines;
+  g.tx_lines = tx_lines;
+  return g;
+}
+
 // A LocalRegion and the SmartNIC's view of it through ShmTransport: what a test of the
 // protocol between the two sides drives.
 class ShmPair {

@@ -26,15 +26,7 @@ using test::pop_message;
 using test::push_message;
 
 RegionGeometry tx_lines_geometry(bool rx_lines = false) {
-  RegionGeometry g;
-  g.server_queue_count = 2;
-  g.client_queue_count = 1;
-  g.slot_bytes = 64;
-  g.ring_capacity = 8;
-  g.max_message_bytes = 4 * 64 - kSlotHeaderBytes;
-  g.rx_lines = rx_lines;
-  g.tx_lines = true;
-  return g;
+  return test::small_lines_geometry(rx_lines, /*tx_lines=*/true);
 }
 
 std::optional<Message> pop_line(RemoteRingConsumer<ShmTransport>& c) {
@@ -76,7 +68,7 @@ TEST(TxLinesLayout, TxLinesFollowTheRxLinesOfTheirQueue) {
   EXPECT_EQ(both.region_bytes, tx.region_bytes + 3 * line_block_bytes(both));
   EXPECT_STREQ(lines_suffix(both), ", RX and TX lines");
 
-  LocalRegion plain(RegionGeometry{2, 1, 64, 8, 4 * 64 - kSlotHeaderBytes});
+  LocalRegion plain(test::small_lines_geometry(false, false));
   EXPECT_EQ(plain.view().tx_lines(0), nullptr);
   EXPECT_FALSE(plain.view().tx_producer(0).has_lines());
 }

@@ -67,6 +67,7 @@ def load(results):
             p["sockperf_latency"] = sockperf_summary(os.path.join(raw, p["sockperf"]))
         points.append(p)
     run["points"] = points
+    run["low_load"] = low_load_rounds(run)
     return run
 
 
@@ -79,6 +80,51 @@ def find(points, **kw):
         if all(p.get(k) == v for k, v in kw.items()):
             return p
     return None
+
+
+def median(values):
+    v = sorted(values)
+    if not v:
+        return None
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def low_load_rounds(run):
+    """Echo at low load, round by round (run.sh's LOW_LOAD_ROUNDS): {"servers", "rounds",
+    "loadgen"/"sockperf": {server: [p50 us or None per round]}, "median", "gaps"}, or None.
+    A gap is a server's p50 less the CPU server's in the same round; its median is over the
+    rounds where both were measured."""
+    servers = run.get("low_load_servers", "").split()
+    rounds = run["params"].get("low_load_rounds", 0)
+    if not servers or not rounds:
+        return None
+    pts = run["points"]
+    out = {"servers": servers, "rounds": rounds, "loadgen": {}, "sockperf": {}}
+    for s in servers:
+        lg, sp = [], []
+        for r in range(1, rounds + 1):
+            q = find(pts, server=s, kind="low-load", round=r)
+            lat = (q or {}).get("latency") or {}
+            lg.append(lat["p50_ns"] / 1000 if lat.get("p50_ns") is not None else None)
+            q = find(pts, server=s, kind="sockperf-low-load", round=r)
+            sp.append(((q or {}).get("sockperf_latency") or {}).get("p50_us"))
+        out["loadgen"][s] = lg
+        out["sockperf"][s] = sp
+    out["median"] = {tool: {s: median([x for x in out[tool][s] if x is not None])
+                            for s in servers} for tool in ("loadgen", "sockperf")}
+    out["gaps"] = {}
+    if "cpu" in servers:
+        for tool in ("loadgen", "sockperf"):
+            base = out[tool]["cpu"]
+            for s in servers:
+                if s == "cpu":
+                    continue
+                g = [None if a is None or b is None else a - b
+                     for a, b in zip(out[tool][s], base)]
+                out["gaps"][f"{tool} {s}"] = {
+                    "per_round": g, "median": median([x for x in g if x is not None])}
+    return out
 
 
 def markdown(run):
@@ -110,6 +156,36 @@ def markdown(run):
     if run.get("failed_points"):
         lines.append(f"- **{run['failed_points']} points failed** (see raw/)")
     lines.append("")
+
+    ll = run.get("low_load")
+    if ll:
+        f1 = lambda x: "-" if x is None else f"{x:.1f}"
+        lines.append(f"## echo at low load, {ll['rounds']} rounds (UDP, 64 B, 1 connection, "
+                     "window 1): p50, us")
+        lines.append("")
+        lines.append("Measured before everything else, a fresh server each round, the servers "
+                     "taking turns (the first of each round alternating). A gap is the server's "
+                     "p50 less the CPU server's in the same round; the aim is read from the median "
+                     "gap, since one round moves by several us.")
+        lines.append("")
+        lines.append("| tool | server | " + " | ".join(f"round {r}" for r in
+                                                       range(1, ll["rounds"] + 1))
+                     + " | median |")
+        lines.append("|" + "---|" * (3 + ll["rounds"]))
+        for tool in ("loadgen", "sockperf"):
+            for s in ll["servers"]:
+                if all(x is None for x in ll[tool][s]):
+                    continue
+                lines.append(f"| {tool} | {s} | " + " | ".join(f1(x) for x in ll[tool][s])
+                             + f" | {f1(ll['median'][tool][s])} |")
+            for s in ll["servers"]:
+                g = ll["gaps"].get(f"{tool} {s}")
+                if not g or g["median"] is None:
+                    continue
+                lines.append(f"| {tool} | {s} - cpu | "
+                             + " | ".join(f1(x) for x in g["per_round"])
+                             + f" | **{f1(g['median'])}** |")
+        lines.append("")
 
     for handler in ("echo", "matvec"):
         lines.append(f"## {handler}: latency at low load (1 connection, window 1), us")

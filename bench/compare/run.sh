@@ -19,7 +19,11 @@
 #   latency     closed loop, 1 connection, window 1
 #   saturation  closed loop, $SAT_CONNECTIONS connections x window $SAT_WINDOW
 #   load steps  open loop at $OPEN_FRACTIONS of the saturation throughput (sizes $OPEN_SIZES)
-# plus sockperf ping-pong (UDP) against each server's echo, for every size. CPU cores used by
+# plus sockperf ping-pong (UDP) against each server's echo, for every size. Before all of that,
+# echo at low load is measured $LOW_LOAD_ROUNDS times over UDP at 64 B (loadgen's latency point
+# and sockperf) on each of $LOW_LOAD_SERVERS, a fresh server each time, the servers taking turns
+# and the first of each round alternating: one run at this scale moves by several us, so the
+# aim (Caracal's p50 over the CPU server's) is read from the median of the rounds. CPU cores used by
 # each server's processes (utime + stime from /proc/PID/stat over each run's wall time; for
 # Caracal, snic_server and the agent together) are recorded with every point.
 #
@@ -42,8 +46,9 @@
 # or auto; unset: the key is left out and the agent's default applies, on for a GPU over shm),
 # TX_LINES (the agent's tx_lines, the same way),
 # AGENT_RING_CAPACITY (the agent's ring_capacity, 512 slots of 256 bytes), ENGINE_THREADS_ALT
-# (caracal_threads' engine_threads, 2).
-# With the defaults a full run takes about 7 minutes.
+# (caracal_threads' engine_threads, 2), LOW_LOAD_ROUNDS (5; 0: none), LOW_LOAD_SERVERS (those of
+# "caracal cpu" in SERVERS).
+# With the defaults a full run takes about 8 minutes.
 set -uo pipefail
 
 BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR RESULTS_DIR [--cpu-only]}")
@@ -70,6 +75,7 @@ AGENT_QUEUES=${AGENT_QUEUES:-8}
 LOADGEN_ARGS=${LOADGEN_ARGS:-}
 ENGINE_THREADS=${ENGINE_THREADS:-}
 HANDLERS=${HANDLERS:-"echo matvec"}
+LOW_LOAD_ROUNDS=${LOW_LOAD_ROUNDS:-5}
 MAX_MESSAGE=16384
 if [ "$CPU_ONLY" -eq 1 ]; then
   CARACAL_ACCEL=${CARACAL_ACCEL:-cpu}
@@ -96,6 +102,15 @@ if [ -z "${SERVERS:-}" ]; then
     fi
   fi
 fi
+
+if [ -z "${LOW_LOAD_SERVERS+x}" ]; then
+  LOW_LOAD_SERVERS=""
+  for s in caracal cpu; do
+    case " $SERVERS " in *" $s "*) LOW_LOAD_SERVERS="$LOW_LOAD_SERVERS $s" ;; esac
+  done
+  LOW_LOAD_SERVERS=${LOW_LOAD_SERVERS# }
+fi
+case " $HANDLERS " in *" echo "*) ;; *) LOW_LOAD_SERVERS="" ;; esac  # the rounds serve echo
 
 # sockperf: given, on PATH, or unpacked from build-debs/ (machines without it installed).
 if [ -z "${SOCKPERF:-}" ]; then
@@ -245,7 +260,7 @@ point() {
   shift 5
   local port=$UDP_PORT
   [ "$proto" = tcp ] && port=$TCP_PORT
-  local name="$server-$handler-$proto-$size-$kind"
+  local name="$server-$handler-$proto-$size-$kind${ROUND:+-$ROUND}"
   local t0 t1 w0 w1 rc threads_before threads="{}"
   [ "$kind" = saturation ] && threads_before=$(thread_ticks)
   t0=$(ticks)
@@ -264,15 +279,17 @@ point() {
     threads=$(threads_json "$threads_before" "$(thread_ticks)" \
       "$(awk -v a="$w0" -v b="$w1" 'BEGIN { print b - a }')")
   fi
-  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s","loadgen_rc":%d,"cpu_cores":%s,"threads":%s,"json":"%s"}\n' \
-    "$server" "$handler" "$proto" "$size" "$kind" "$rc" "$cores" "$threads" "$name.json" >>"$POINTS"
+  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s",%s"loadgen_rc":%d,"cpu_cores":%s,"threads":%s,"json":"%s"}\n' \
+    "$server" "$handler" "$proto" "$size" "$kind" "${ROUND:+\"round\":$ROUND,}" "$rc" "$cores" \
+    "$threads" "$name.json" >>"$POINTS"
   log "$name: $(head -1 "$RAW/$name.out") [server cores $cores]"
   [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
 }
 
+# sockperf_point SERVER SIZE [KIND]: sockperf ping-pong against the server's echo over UDP.
 sockperf_point() {
-  local server=$1 size=$2
-  local name="$server-echo-udp-$size-sockperf"
+  local server=$1 size=$2 kind=${3:-sockperf}
+  local name="$server-echo-udp-$size-$kind${ROUND:+-$ROUND}"
   local t0 t1 w0 w1
   t0=$(ticks)
   w0=$(date +%s.%N)
@@ -287,12 +304,31 @@ sockperf_point() {
   local cores
   cores=$(awk -v t="$((t1 - t0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
     'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
-  printf '{"server":"%s","handler":"echo","proto":"udp","size":%s,"kind":"sockperf","sockperf_rc":%d,"cpu_cores":%s,"sockperf":"%s"}\n' \
-    "$server" "$size" "$rc" "$cores" "$name.txt" >>"$POINTS"
+  printf '{"server":"%s","handler":"echo","proto":"udp","size":%s,"kind":"%s",%s"sockperf_rc":%d,"cpu_cores":%s,"sockperf":"%s"}\n' \
+    "$server" "$size" "$kind" "${ROUND:+\"round\":$ROUND,}" "$rc" "$cores" "$name.txt" >>"$POINTS"
   log "$name: $(grep -m1 -E 'Summary: (Round trip|Latency)' "$RAW/$name.txt" || echo "sockperf exited $rc")"
 }
 
 FAILED=0
+# Echo at low load, LOW_LOAD_ROUNDS times (see the top): a fresh server each round, the order
+# of the servers turned round every other round.
+if [ "$LOW_LOAD_ROUNDS" -gt 0 ] && [ -n "$LOW_LOAD_SERVERS" ]; then
+  log "== low load: $LOW_LOAD_ROUNDS rounds of $LOW_LOAD_SERVERS"
+  for ROUND in $(seq "$LOW_LOAD_ROUNDS"); do
+    order=$LOW_LOAD_SERVERS
+    [ $((ROUND % 2)) -eq 0 ] && order=$(echo "$LOW_LOAD_SERVERS" | tr ' ' '\n' | tac | tr '\n' ' ')
+    for server in $order; do
+      if start_server "$server" echo; then
+        point "$server" echo udp 64 low-load --connections 1 --window 1
+        [ -n "${SOCKPERF:-}" ] && sockperf_point "$server" 64 sockperf-low-load
+      else
+        FAILED=$((FAILED + 1))
+      fi
+      stop_servers
+    done
+  done
+  unset ROUND
+fi
 for handler in $HANDLERS; do
   for server in $SERVERS; do
     log "== $server / $handler"
@@ -341,8 +377,9 @@ done
   echo "  \"kernel\": \"$(uname -sr)\","
   echo "  \"hostname\": \"$(hostname)\","
   echo "  \"servers\": \"$SERVERS\","
+  echo "  \"low_load_servers\": \"$LOW_LOAD_SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/compare/run.sh end to end, small: Caracal (the engine in the I/O threads), Caracal with
 # engine threads of its own (caracal_threads) and the CPU server, with the agents on the CPU
-# accelerator (--cpu-only), echo and matvec at 64 B over UDP and TCP: latency, saturation, one
-# open-loop step and, where sockperf is installed, the sockperf anchor. Then the JSON and the
+# accelerator (--cpu-only), echo and matvec at 64 B over UDP and TCP: two rounds of echo at low
+# load on Caracal and the CPU server, then latency, saturation, one open-loop step and, where
+# sockperf is installed, the sockperf anchor. Then the JSON and the
 # tables must hold every point, with the server's and the client's CPU, and every reply right.
 # It checks the script and its report on every change; on the GPU machine the same script makes
 # bench/results/. Measures nothing.
@@ -15,7 +16,7 @@ trap 'rm -rf "$WORK"' EXIT
 
 if ! SERVERS="caracal caracal_threads cpu" HANDLERS="echo matvec" SIZES=64 DURATION=0.3 \
   WARMUP=0.1 THREADS=2 LOADGEN_THREADS=2 SAT_CONNECTIONS=2 SAT_WINDOW=4 OPEN_SIZES=64 \
-  OPEN_FRACTIONS=0.5 AGENT_QUEUES=2 ENGINE_THREADS=0 CARACAL_COMMIT=test \
+  OPEN_FRACTIONS=0.5 AGENT_QUEUES=2 ENGINE_THREADS=0 LOW_LOAD_ROUNDS=2 CARACAL_COMMIT=test \
   "$SRC/bench/compare/run.sh" "$BUILD" "$WORK/out" --cpu-only >"$WORK/run.log" 2>&1; then
   cat "$WORK/run.log"
   echo "FAIL: run.sh exited non-zero"
@@ -71,6 +72,29 @@ for server in ("caracal", "caracal_threads", "cpu"):
         sp = find(server=server, kind="sockperf", size=64)
         if len(sp) != 1 or not (sp[0].get("sockperf_latency") or {}).get("p50_us"):
             problems.append(f"{server}: no sockperf p50")
+# The low-load rounds: Caracal and the CPU server (the default of LOW_LOAD_SERVERS), each round,
+# each with its loadgen point and (with sockperf) its sockperf point, and the paired gaps.
+if run["low_load_servers"] != "caracal cpu":
+    problems.append(f"low-load servers {run['low_load_servers']!r}")
+for server in ("caracal", "cpu"):
+    for r in (1, 2):
+        found = find(server=server, kind="low-load", round=r)
+        if len(found) != 1 or not (found[0].get("latency") or {}).get("p50_ns"):
+            problems.append(f"{server} low-load round {r}: {len(found)} points or no p50")
+        elif found[0]["counts"]["wrong"] != 0:
+            problems.append(f"{server} low-load round {r}: wrong replies")
+        if have_sockperf and len(find(server=server, kind="sockperf-low-load", round=r)) != 1:
+            problems.append(f"{server} low-load round {r}: no sockperf point")
+if find(server="caracal_threads", kind="low-load"):
+    problems.append("caracal_threads ran low-load rounds it was not named for")
+ll = run.get("low_load") or {}
+gap = (ll.get("gaps") or {}).get("loadgen caracal") or {}
+lg = ll.get("loadgen") or {}
+if len(gap.get("per_round") or []) != 2 or gap.get("median") is None:
+    problems.append(f"low-load gaps: {gap}")
+elif any(abs(g - (a - b)) > 1e-9
+         for g, a, b in zip(gap["per_round"], lg["caracal"], lg["cpu"])):
+    problems.append(f"low-load gaps {gap} are not caracal less cpu {lg}")
 for problem in problems:
     print("FAIL:", problem)
 sys.exit(1 if problems else 0)
@@ -78,7 +102,8 @@ EOF
 
 md="$WORK/out/compare.md"
 for want in "CPU-only smoke run" "caracal_threads: engine_threads 2" "caracal_threads p50" \
-  "caracal_threads kreq/s" "client cores (busiest thread)"; do
+  "caracal_threads kreq/s" "client cores (busiest thread)" "echo at low load, 2 rounds" \
+  "| loadgen | caracal - cpu |"; do
   grep -qF "$want" "$md" || { echo "FAIL: compare.md lacks '$want'"; exit 1; }
 done
 echo "run.sh: every point of 3 servers, 2 handlers and 2 protocols, with CPU and reports"

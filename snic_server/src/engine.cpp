@@ -12,12 +12,14 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "caracal/mqueue/remote_region.hpp"
 #include "caracal/mqueue/shm.hpp"
 #ifdef CARACAL_HAVE_RDMA
 #include "caracal/mqueue/rdma.hpp"
 #endif
+#include "caracal/server/metrics.hpp"
 #include "caracal/server/service.hpp"
 #include "engine_profile.hpp"
 
@@ -219,6 +221,9 @@ class EngineThread {
   void fail_region(Attached& a, const std::string& reason);
   void flush_replies();
   void idle(uint32_t idle_rounds);
+  // Whether other threads had this thread's core for a good part of the time since the last
+  // look (see idle()); this thread only.
+  bool lost_core_since_last_look();
   void notify_always();
 
   Engine& engine_;
@@ -250,6 +255,14 @@ class EngineThread {
   std::condition_variable sleep_cv_;
   // Requests dispatched to this thread's queues and not yet answered or failed.
   alignas(64) std::atomic<int64_t> in_flight_{0};
+  // Contention (see idle()), this thread only: the wall and CPU clocks at the last look (none
+  // after a sleep), and until when the thread spins short.
+  struct Look {
+    Clock::time_point wall;
+    std::chrono::nanoseconds cpu;
+  };
+  std::optional<Look> last_look_;
+  std::optional<Clock::time_point> spin_short_until_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -956,22 +969,59 @@ void EngineThread::run_hosted() {
   if (!io.stopped()) io.run();
 }
 
+bool EngineThread::lost_core_since_last_look() {
+  timespec cpu_now{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_now) != 0) return false;
+  const Look now{Clock::now(),
+                 std::chrono::seconds(cpu_now.tv_sec) + std::chrono::nanoseconds(cpu_now.tv_nsec)};
+  const std::optional<Look> last = std::exchange(last_look_, now);
+  if (!last) return false;
+  // Wall time in which this thread was runnable but not running: no sleep lies between two
+  // looks (every sleep drops the last one), so the difference is time other threads had the
+  // core.
+  const auto wall = now.wall - last->wall;
+  const auto lost = wall - (now.cpu - last->cpu);
+  const EngineOptions& o = engine_.options_;
+  return lost >= o.contended_lost_min && lost * 8 >= wall;
+}
+
 void EngineThread::idle(uint32_t idle_rounds) {
   const EngineOptions& o = engine_.options_;
-  if (idle_rounds < o.spin_rounds) return;
+  // Spinning keeps a request's latency down only where the thread has a core to itself. Where
+  // runnable threads outnumber cores (2 I/O threads and the agent's CPU worker on 2 cores), a
+  // spinning thread holds the core that the thread it waits for needs, until the scheduler's
+  // time slice ends: replies then take milliseconds. So a thread looks every 256 rounds without
+  // work at how much of its core it kept since it last looked, and one that lost a good part
+  // of it (at least contended_lost_min, and an eighth of the time) spins short for a while. A
+  // short preemption (a kernel worker, a client woken on the same core) does not count.
+  uint32_t spin = o.spin_rounds;
+  if (spin_short_until_) {
+    spin = std::min(spin, o.contended_spin_rounds);
+    if (idle_rounds == spin && Clock::now() >= *spin_short_until_) spin_short_until_.reset();
+  } else if (idle_rounds % 256 == 0 && lost_core_since_last_look()) {
+    spin_short_until_ = Clock::now() + o.contended_hold;
+    if (o.spins_cut != nullptr) o.spins_cut->inc();
+    spin = std::min(spin, o.contended_spin_rounds);
+  }
+  if (idle_rounds < spin) return;
   const bool waiting_for_replies = in_flight_.load(std::memory_order_relaxed) > 0;
   if (waiting_for_replies) {
     // Replies can arrive at any moment and nothing will wake us for them: poll, but give the
-    // core away in between (the agent's pollers may share it).
+    // core away in between (the agent's pollers may share it). A switch that the yield makes
+    // is time another thread wanted this core, and counts as lost at the next look.
     if (idle_rounds < o.spin_rounds * 2) {
       std::this_thread::yield();
-    } else if (host_ != nullptr) {
+      return;
+    }
+    last_look_.reset();  // a sleep is not time lost to another thread
+    if (host_ != nullptr) {
       host_->run_one_for(o.max_poll_sleep);  // a handler of the host's ends the wait early
     } else {
       std::this_thread::sleep_for(o.max_poll_sleep);
     }
     return;
   }
+  last_look_.reset();
   if (host_ != nullptr) {
     // Hosted: the host's own wait is the sleep, and a wake() is a post that ends it. The same
     // handshake as below, without the mutex: the post cannot be lost (see wake()).

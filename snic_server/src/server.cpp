@@ -11,9 +11,15 @@ Server::Server(ServerConfig config, ServerOptions options)
     : config_(std::move(config)),
       options_(options),
       replies_(options.reply_slots),
-      engine_(replies_,
-              EngineOptions{.threads = config_.engine_threads == 0 ? config_.io_threads
-                                                                   : config_.engine_threads}),
+      engine_(
+          replies_,
+          EngineOptions{
+              .threads = config_.engine_threads == 0 ? config_.io_threads : config_.engine_threads,
+              .spins_cut = &metrics_.counter(
+                  "caracal_engine_spins_cut_total",
+                  "Times an engine thread (or an I/O thread running the engine) found that "
+                  "it had been preempted while it polled, and spun short for a while: more "
+                  "runnable threads than cores")}),
       io_(config_.io_threads) {
   // engine_threads 0: every I/O thread hosts an engine thread (parse_server_config keeps
   // io_threads within kMaxEngineThreads then).

@@ -139,13 +139,26 @@ class AgentRegion {
   std::function<void(const std::string&)> on_fault_;
 };
 
+class Counter;  // metrics.hpp
+
 struct EngineOptions {
   // Rounds without work a thread spins before it starts yielding, then sleeping.
   uint32_t spin_rounds = 20000;
+  // Spinning pays only on a core of the thread's own. A thread that lost its core to other
+  // threads for at least `contended_lost_min`, and an eighth of the time, since it last looked
+  // (more runnable threads than cores: another poller on the host, the agent's CPU workers,
+  // the clients) spins at most `contended_spin_rounds` instead, for `contended_hold`, and then
+  // tries the long spin again. A thread looks every 256 rounds without work, at its CPU clock
+  // against the wall clock.
+  uint32_t contended_spin_rounds = 64;
+  std::chrono::microseconds contended_lost_min{500};
+  std::chrono::milliseconds contended_hold{1000};
   // Longest sleep while replies are outstanding (latency cost of an idle engine).
   std::chrono::microseconds max_poll_sleep{50};
   // Engine threads, 1 to kMaxEngineThreads (see the top of this file).
   uint32_t threads = 1;
+  // Counts the times a thread cut its spinning short after a preemption; may be null.
+  Counter* spins_cut = nullptr;
 };
 
 class EngineThread;  // one engine thread and what it owns (engine.cpp)

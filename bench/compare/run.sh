@@ -184,10 +184,12 @@ threads_json() {
     END { printf "{%s}", s }' <(printf '%s\n' "$1") <(printf '%s\n' "$2")
 }
 
-# start_server SERVER HANDLER: starts it; sets UDP_PORT, TCP_PORT and SERVER_PIDS.
+# start_server SERVER HANDLER: starts it; sets UDP_PORT, TCP_PORT and SERVER_PIDS (and, for
+# snic_server, METRICS_PORT).
 start_server() {
   local server=$1 handler=$2 log="$RAW/$1-$2"
   SERVER_PIDS=()
+  METRICS_PORT=
   case "$server" in
     caracal | caracal_threads)
       local engine_threads=$ENGINE_THREADS
@@ -214,6 +216,7 @@ YAML
       control=$(sed -nE 's/.*control endpoint on .* \(port ([0-9]+)\).*/\1/p' "$log-server.log")
       UDP_PORT=$(sed -nE 's#.*listening on udp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$log-server.log" | head -1)
       TCP_PORT=$(sed -nE 's#.*listening on tcp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$log-server.log" | head -1)
+      METRICS_PORT=$(sed -nE 's/.*metrics on http:.*:([0-9]+)\/metrics.*/\1/p' "$log-server.log")
       cat >"$log-agent.yaml" <<YAML
 agent: bench-$handler
 server: 127.0.0.1:$control
@@ -360,6 +363,12 @@ for handler in $HANDLERS; do
     done
     if [ "$handler" = echo ] && [ -n "${SOCKPERF:-}" ]; then
       for size in $SIZES; do sockperf_point "$server" "$size"; done
+    fi
+    # snic_server's own counters over the whole session, for the record (raw/).
+    if [ -n "${METRICS_PORT:-}" ]; then
+      curl -sf -m 5 "http://127.0.0.1:$METRICS_PORT/metrics" >"$RAW/$server-$handler-metrics.txt" 2>/dev/null ||
+        true
+      METRICS_PORT=
     fi
     stop_servers
   done

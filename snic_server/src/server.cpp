@@ -18,8 +18,9 @@ Server::Server(ServerConfig config, ServerOptions options)
               .spins_cut = &metrics_.counter(
                   "caracal_engine_spins_cut_total",
                   "Times an engine thread (or an I/O thread running the engine) found that "
-                  "it had been preempted while it polled, and spun short for a while: more "
-                  "runnable threads than cores")}),
+                  "other threads had taken its core for a good part of the time while it "
+                  "polled, and spun short for the next second: more runnable threads than "
+                  "cores")}),
       io_(config_.io_threads) {
   // engine_threads 0: every I/O thread hosts an engine thread (parse_server_config keeps
   // io_threads within kMaxEngineThreads then).

@@ -50,9 +50,10 @@ LINE=$(port_of "tcp/127.0.0.2:0")
 [ "$(metric 'caracal_service_errors_total')" -eq 0 ] || fail "the service answered errors"
 [ "$(metric 'caracal_service_drops_total')" -eq 0 ] || fail "the service dropped replies"
 echo "replies: $(metric 'caracal_service_replies_total')"
-# The server takes echo-1's short replies from their TX lines first (the CPU workers write each
-# reply's line before they publish the tail).
-if [ "${TX_LINES:-}" = on ]; then
+# The server takes short replies from their TX lines first where a region has them (echo-1's
+# with TX_LINES=on, whose CPU workers write each reply's line before they publish the tail; both
+# agents' by default on a GPU, CARACAL_E2E_ACCELERATOR=gpu:0); none where no region has them.
+if grep -q "region for service 'echo' attached.*TX lines" "$WORK/server.log"; then
   by_line=$(metric 'caracal_service_tx_line_replies_total')
   [ "$by_line" -gt 0 ] || fail "no reply was taken from a TX line"
   echo "replies taken from TX lines: $by_line"

@@ -969,6 +969,10 @@ void EngineThread::run_hosted() {
   if (!io.stopped()) io.run();
 }
 
+// Rounds without work between two looks at how much of its core a thread kept (see idle()): a
+// look is a system call (the thread's CPU clock), a round with nothing to do far less.
+constexpr uint32_t kContendedLookRounds = 256;
+
 bool EngineThread::lost_core_since_last_look() {
   timespec cpu_now{};
   if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_now) != 0) return false;
@@ -990,15 +994,16 @@ void EngineThread::idle(uint32_t idle_rounds) {
   // Spinning keeps a request's latency down only where the thread has a core to itself. Where
   // runnable threads outnumber cores (2 I/O threads and the agent's CPU worker on 2 cores), a
   // spinning thread holds the core that the thread it waits for needs, until the scheduler's
-  // time slice ends: replies then take milliseconds. So a thread looks every 256 rounds without
-  // work at how much of its core it kept since it last looked, and one that lost a good part
-  // of it (at least contended_lost_min, and an eighth of the time) spins short for a while. A
-  // short preemption (a kernel worker, a client woken on the same core) does not count.
+  // time slice ends: replies then take milliseconds. So a thread looks every
+  // kContendedLookRounds rounds without work at how much of its core it kept since it last looked,
+  // and one that lost a good part of it (at least contended_lost_min, and an eighth of the time)
+  // spins short for a while. A short preemption (a kernel worker, a client woken on the same core)
+  // does not count.
   uint32_t spin = o.spin_rounds;
   if (spin_short_until_) {
     spin = std::min(spin, o.contended_spin_rounds);
     if (idle_rounds == spin && Clock::now() >= *spin_short_until_) spin_short_until_.reset();
-  } else if (idle_rounds % 256 == 0 && lost_core_since_last_look()) {
+  } else if (idle_rounds % kContendedLookRounds == 0 && lost_core_since_last_look()) {
     spin_short_until_ = Clock::now() + o.contended_hold;
     if (o.spins_cut != nullptr) o.spins_cut->inc();
     spin = std::min(spin, o.contended_spin_rounds);

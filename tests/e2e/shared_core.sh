@@ -26,9 +26,10 @@ UDP=$(port_of "udp/127.0.0.1:0")
 taskset -a -c -p 0 "$SERVER_PID" >/dev/null || fail "cannot pin snic_server to CPU 0"
 taskset -a -c -p 0 "$AGENT_PID_echo_1" >/dev/null || fail "cannot pin the agent to CPU 0"
 
-timeout 60 sockperf ping-pong -i 127.0.0.1 -p "$UDP" -m 64 -t 2 >"$WORK/pingpong.txt" 2>&1 ||
-  fail "sockperf ping-pong exited $? (see $WORK/pingpong.txt)"
-pingpong_ok "$WORK/pingpong.txt" "UDP ping-pong, server and agent on one CPU"
+# .log: printed with the other logs on a failure.
+timeout 60 sockperf ping-pong -i 127.0.0.1 -p "$UDP" -m 64 -t 2 >"$WORK/pingpong.log" 2>&1 ||
+  fail "sockperf ping-pong exited $? (pingpong.log below)"
+pingpong_ok "$WORK/pingpong.log" "UDP ping-pong, server and agent on one CPU"
 cut=$(metric caracal_engine_spins_cut_total || true)  # absent: 0
 echo "engine spins cut short: $cut"
 [ "$cut" -ge 1 ] || fail "the engine threads never noticed that they shared one CPU"

@@ -148,8 +148,8 @@ struct EngineOptions {
   // threads for at least `contended_lost_min`, and an eighth of the time, since it last looked
   // (more runnable threads than cores: another poller on the host, the agent's CPU workers,
   // the clients) spins at most `contended_spin_rounds` instead, for `contended_hold`, and then
-  // tries the long spin again. A thread looks every 256 rounds without work, at its CPU clock
-  // against the wall clock.
+  // tries the long spin again. A thread looks every kContendedLookRounds rounds without work
+  // (engine.cpp), at its CPU clock against the wall clock.
   uint32_t contended_spin_rounds = 64;
   std::chrono::microseconds contended_lost_min{500};
   std::chrono::milliseconds contended_hold{1000};
@@ -157,7 +157,7 @@ struct EngineOptions {
   std::chrono::microseconds max_poll_sleep{50};
   // Engine threads, 1 to kMaxEngineThreads (see the top of this file).
   uint32_t threads = 1;
-  // Counts the times a thread cut its spinning short after a preemption; may be null.
+  // Counts the times a thread found it had lost its core and spun short; may be null.
   Counter* spins_cut = nullptr;
 };
 

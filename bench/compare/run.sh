@@ -47,7 +47,9 @@
 # TX_LINES (the agent's tx_lines, the same way),
 # AGENT_RING_CAPACITY (the agent's ring_capacity, 512 slots of 256 bytes), ENGINE_THREADS_ALT
 # (caracal_threads' engine_threads, 2), LOW_LOAD_ROUNDS (5; 0: none), LOW_LOAD_SERVERS (those of
-# "caracal cpu" in SERVERS).
+# "caracal cpu" in SERVERS), PERF (a perf binary: each saturation point also samples the server's
+# processes with `perf record -g` over the measured window and keeps the flat profile, per
+# thread name, shared object and symbol, as raw/NAME-perf.txt).
 # With the defaults a full run takes about 8 minutes.
 set -uo pipefail
 
@@ -266,6 +268,15 @@ point() {
   local name="$server-$handler-$proto-$size-$kind${ROUND:+-$ROUND}"
   local t0 t1 w0 w1 rc threads_before threads="{}"
   [ "$kind" = saturation ] && threads_before=$(thread_ticks)
+  local perf_pid=
+  if [ -n "${PERF:-}" ] && [ "$kind" = saturation ]; then
+    # After the warm-up, for most of the measured window.
+    local pids
+    pids=$(IFS=,; echo "${SERVER_PIDS[*]}")
+    (sleep "$WARMUP"; exec "$PERF" record -q -e cpu-clock -g -F 2999 -p "$pids" -o "$RAW/$name.perf.data" \
+      -- sleep "$(awk -v d="$DURATION" 'BEGIN { print d * 0.8 }')") >"$RAW/$name-perf.log" 2>&1 &
+    perf_pid=$!
+  fi
   t0=$(ticks)
   w0=$(date +%s.%N)
   "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
@@ -275,6 +286,15 @@ point() {
   rc=$?
   w1=$(date +%s.%N)
   t1=$(ticks)
+  if [ -n "$perf_pid" ]; then
+    wait "$perf_pid"
+    # The flat profile, then where the symbols above 3% were called from.
+    { "$PERF" report -i "$RAW/$name.perf.data" --stdio --no-children -g none --percent-limit 0.3 \
+        --sort comm,dso,sym
+      "$PERF" report -i "$RAW/$name.perf.data" --stdio --no-children -g caller,0.5,callee \
+        --percent-limit 3 --sort sym; } 2>>"$RAW/$name-perf.log" | sed -e 's/ *$//' -e '/^# \.\.\./d' >"$RAW/$name-perf.txt"
+    rm -f "$RAW/$name.perf.data"
+  fi
   local cores
   cores=$(awk -v t="$((t1 - t0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
     'BEGIN { printf "%.3f", (t / hz) / (b - a) }')

@@ -4,7 +4,8 @@
     report.py RESULTS_DIR
 
 Reads RESULTS_DIR/raw/run.json, raw/points.jsonl, the loadgen JSON and sockperf output each
-point names; writes RESULTS_DIR/compare.json and RESULTS_DIR/compare.md.
+point names, and the perf profiles of a run with PERF (raw/NAME-perf.txt); writes
+RESULTS_DIR/compare.json and RESULTS_DIR/compare.md.
 """
 import json
 import os
@@ -40,6 +41,54 @@ def sockperf_summary(path):
     return out or None
 
 
+# Kernel symbols that copy a message between user memory and socket buffers.
+KERNEL_COPIES = {"_copy_to_iter", "_copy_from_iter", "_copy_to_user", "_copy_from_user",
+                 "rep_movs_alternative", "copy_user_enhanced_fast_string",
+                 "copy_user_generic_string"}
+# The columns of the profile table, in order (see perf_profile()).
+PROFILE_PARTS = ("kernel copies", "kernel wake-ups", "kernel rest", "server code",
+                 "ring polling", "mutexes", "libc, no symbol")
+
+
+def perf_profile(path):
+    """Shares of the samples (percent) by part, from run.sh's flat profile (perf report
+    --sort comm,dso,sym), or None. Parts: kernel copies (KERNEL_COPIES); kernel wake-ups
+    (_raw_spin_unlock_irqrestore: in a VM sampled by cpu-clock, the time with interrupts off
+    shows up where they are turned back on, which the call graphs put mostly in waking a
+    socket's reader); the rest of the kernel; the servers' own binaries, and of that the
+    engine's polling of its regions (TransportBinding::serve); pthread mutexes; libc code perf
+    has no symbol for (its memcpy and memmove variants, foremost). The symbols under the
+    report's cut-off are in no part."""
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read()
+    except OSError:
+        return None
+    parts = dict.fromkeys(PROFILE_PARTS, 0.0)
+    sections = text.split("# Samples")
+    if len(sections) < 2:
+        return None
+    for line in sections[1].splitlines():
+        m = re.match(r"\s+([0-9.]+)%\s+(\S+)\s+(\S+)\s+\[(.)\]\s+(.*)", line)
+        if not m:
+            continue
+        pct, dso, sym = float(m.group(1)), m.group(3), m.group(5).strip()
+        if dso == "[kernel.kallsyms]":
+            part = ("kernel copies" if sym in KERNEL_COPIES else
+                    "kernel wake-ups" if sym == "_raw_spin_unlock_irqrestore" else "kernel rest")
+        elif dso.startswith("libc."):
+            part = ("mutexes" if "pthread_mutex" in sym else
+                    "libc, no symbol" if sym.startswith("0x") else None)
+        elif not dso.startswith("[") and not dso.startswith("lib"):
+            part = "server code"
+            if "TransportBinding" in sym and "::serve" in sym:
+                parts["ring polling"] += pct
+        else:
+            part = None
+        if part:
+            parts[part] += pct
+    return parts
+
+
 def load(results):
     raw = os.path.join(results, "raw")
     run = json.load(open(os.path.join(raw, "run.json")))
@@ -65,6 +114,10 @@ def load(results):
                 p["missing"] = f"{p['json']}: {e}"
         if "sockperf" in p:
             p["sockperf_latency"] = sockperf_summary(os.path.join(raw, p["sockperf"]))
+        if "json" in p:
+            prof = perf_profile(os.path.join(raw, p["json"][:-len(".json")] + "-perf.txt"))
+            if prof:
+                p["profile_pct"] = prof
         points.append(p)
     run["points"] = points
     run["low_load"] = low_load_rounds(run)
@@ -245,6 +298,31 @@ def markdown(run):
             lines.append(f"| {q['server']} | {q['handler']} | {q['proto']} | {q['size']} | "
                          f"{q.get('cpu_cores') or 0:.2f} | "
                          + ", ".join(f"{n} {c:.2f}" for n, c in per) + f" | {client} |")
+        lines.append("")
+
+    profiled = [q for q in pts if q.get("profile_pct") and q.get("throughput_rps")
+                and q.get("cpu_cores")]
+    if profiled:
+        lines.append("## Where a request's server CPU goes at saturation (perf), us per request")
+        lines.append("")
+        lines.append("The server's cores over its throughput, split by the share of perf's "
+                     "samples (cpu-clock) in each part (see `report.py`, perf_profile()). "
+                     "Server code is the servers' own binaries (for Caracal, snic_server and "
+                     "the agent); ring polling is the part of it that polls the agents' "
+                     "regions. Rest: other libraries, and symbols under 0.3% each. Sampling "
+                     "slows the servers a little: compare within a run.")
+        lines.append("")
+        lines.append("| server | handler | proto | size | us per request | "
+                     + " | ".join(PROFILE_PARTS) + " | rest |")
+        lines.append("|---|---|---|---|---|" + "---|" * (len(PROFILE_PARTS) + 1))
+        for q in profiled:
+            per_request = q["cpu_cores"] / q["throughput_rps"] * 1e6
+            shares = q["profile_pct"]
+            counted = sum(v for k, v in shares.items() if k != "ring polling")
+            cells = [f"{shares[k] / 100 * per_request:.2f}" for k in PROFILE_PARTS]
+            lines.append(f"| {q['server']} | {q['handler']} | {q['proto']} | {q['size']} | "
+                         f"{per_request:.2f} | " + " | ".join(cells)
+                         + f" | {(100 - counted) / 100 * per_request:.2f} |")
         lines.append("")
 
     opens = [q for q in pts if str(q.get("kind", "")).startswith("open-") and "latency" in q]

@@ -5,7 +5,8 @@
 # load on Caracal and the CPU server, then latency, saturation, one open-loop step (at a tenth
 # of the saturation rate: at half of it, on 2 cores shared with three polling threads, the
 # open-loop client sometimes fell so far behind that nothing landed in its window) and, where
-# sockperf is installed, the sockperf anchor. Then the JSON and the
+# sockperf is installed, the sockperf anchor; where perf can sample (linux-perf), the
+# saturation points are profiled (PERF) and the report splits them. Then the JSON and the
 # tables must hold every point, with the server's and the client's CPU, and every reply right.
 # It checks the script and its report on every change; on the GPU machine the same script makes
 # bench/results/. Measures nothing.
@@ -15,10 +16,16 @@ SRC=$(realpath "${2:?source directory}")
 command -v python3 >/dev/null || { echo "python3 is missing (scripts/deps.sh)"; exit 77; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+PERF=""
+if command -v perf >/dev/null && perf record -q -e cpu-clock -o "$WORK/probe.data" -- true 2>/dev/null; then
+  PERF=$(command -v perf)
+else
+  echo "perf cannot sample here; the profile part is not checked"
+fi
 
 if ! SERVERS="caracal caracal_threads cpu" HANDLERS="echo matvec" SIZES=64 DURATION=0.3 \
   WARMUP=0.1 THREADS=2 LOADGEN_THREADS=2 SAT_CONNECTIONS=2 SAT_WINDOW=4 OPEN_SIZES=64 \
-  OPEN_FRACTIONS=0.1 AGENT_QUEUES=2 ENGINE_THREADS=0 LOW_LOAD_ROUNDS=2 CARACAL_COMMIT=test \
+  OPEN_FRACTIONS=0.1 AGENT_QUEUES=2 ENGINE_THREADS=0 LOW_LOAD_ROUNDS=2 CARACAL_COMMIT=test PERF="$PERF" \
   "$SRC/bench/compare/run.sh" "$BUILD" "$WORK/out" --cpu-only >"$WORK/run.log" 2>&1; then
   cat "$WORK/run.log"
   echo "FAIL: run.sh exited non-zero"
@@ -30,12 +37,13 @@ grep -q '^engine_threads: 0$' "$WORK/out/raw/caracal-echo-server.yaml" ||
 grep -q '^engine_threads: 2$' "$WORK/out/raw/caracal_threads-echo-server.yaml" ||
   { echo "FAIL: caracal_threads did not run engine_threads 2"; exit 1; }
 
-python3 - "$WORK/out/compare.json" "$(command -v sockperf || true)" <<'EOF'
+python3 - "$WORK/out/compare.json" "$(command -v sockperf || true)" "$PERF" <<'EOF'
 import json
 import sys
 
 run = json.load(open(sys.argv[1]))
 have_sockperf = bool(sys.argv[2])
+have_perf = bool(sys.argv[3])
 problems = []
 if run["failed_points"] != 0:
     problems.append(f"{run['failed_points']} points failed")
@@ -70,6 +78,14 @@ for server in ("caracal", "caracal_threads", "cpu"):
             sat = find(server=server, handler=handler, proto=proto, size=64, kind="saturation")
             if sat and not sat[0].get("threads"):
                 problems.append(f"{server} {handler} {proto}: no per-thread cores at saturation")
+            # The profile: the kernel's share and the server's own code both seen (each server
+            # here receives and sends through the kernel, and runs its handler in its binary).
+            prof = sat[0].get("profile_pct") if sat else None
+            if have_perf and not (prof and prof["kernel rest"] > 0 and prof["server code"] > 0
+                                  and sum(prof.values()) <= 100 + 1e-6 + prof["ring polling"]):
+                problems.append(f"{server} {handler} {proto}: profile {prof}")
+            if not have_perf and prof:
+                problems.append(f"{server} {handler} {proto}: a profile without PERF")
     if have_sockperf:
         sp = find(server=server, kind="sockperf", size=64)
         if len(sp) != 1 or not (sp[0].get("sockperf_latency") or {}).get("p50_us"):
@@ -108,4 +124,8 @@ for want in "CPU-only smoke run" "caracal_threads: engine_threads 2" "caracal_th
   "| loadgen | caracal - cpu |"; do
   grep -qF "$want" "$md" || { echo "FAIL: compare.md lacks '$want'"; exit 1; }
 done
+if [ -n "$PERF" ]; then
+  grep -qF "| caracal | echo | udp | 64 |" <(sed -n '/^## Where a request/,/^## /p' "$md") ||
+    { echo "FAIL: compare.md lacks the profile table"; exit 1; }
+fi
 echo "run.sh: every point of 3 servers, 2 handlers and 2 protocols, with CPU and reports"

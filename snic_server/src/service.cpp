@@ -108,14 +108,23 @@ DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flo
     const auto outstanding = [&](size_t i) {
       return t.all[i].region->inbox(t.all[i].queue).outstanding.load(std::memory_order_relaxed);
     };
-    // A loaded hosted engine thread's own queues (see Targets::by_thread): the policy picks
-    // among them as it would among all.
-    size_t k = 0;
+    // Read by an I/O thread that hosts an engine thread: the queues of the next thread while
+    // neither is loaded, else its own (see Targets::by_thread). The policy picks among them as
+    // it would among all; a thread without queues leaves the choice to all of them.
+    const std::vector<uint32_t>* among = nullptr;
     const int host = Engine::hosted_thread();
-    if (host >= 0 && static_cast<size_t>(host) < t.by_thread.size() && !t.by_thread[host].empty() &&
-        engine_.in_flight(static_cast<uint32_t>(host)) >= kLocalInFlight) {
-      const std::vector<uint32_t>& mine = t.by_thread[host];
-      k = mine[pick(mine.size(), next, flow, [&](size_t i) { return outstanding(mine[i]); })];
+    if (host >= 0 && static_cast<size_t>(host) < t.by_thread.size()) {
+      const auto self = static_cast<uint32_t>(host);
+      const auto next_thread = static_cast<uint32_t>((self + 1) % t.by_thread.size());
+      const bool loaded = engine_.in_flight(self) >= kLocalInFlight ||
+                          engine_.in_flight(next_thread) >= kLocalInFlight;
+      const uint32_t owner = loaded ? self : next_thread;
+      if (!t.by_thread[owner].empty()) among = &t.by_thread[owner];
+    }
+    size_t k = 0;
+    if (among != nullptr) {
+      const std::vector<uint32_t>& queues = *among;
+      k = queues[pick(queues.size(), next, flow, [&](size_t i) { return outstanding(queues[i]); })];
     } else {
       k = pick(n, next, flow, outstanding);
     }

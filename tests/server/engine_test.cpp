@@ -326,15 +326,14 @@ INSTANTIATE_TEST_SUITE_P(Threads, EngineTest,
                          });
 
 TEST_P(HostedEngineTest, ALoadedHostKeepsWhatItReadsOnItsOwnQueues) {
-  ASSERT_NO_FATAL_FAILURE(start_accelerator());
-  // Dispatched from inside the last host's loop, as its sockets' handlers dispatch. While the
-  // host has fewer than Service::kLocalInFlight requests in flight, the policy (flow affinity:
-  // request i to queue i % kQueues) spreads them over every thread's queues; from then on they
-  // go to queues of the host's own engine thread, whatever their flow. The host cannot answer
-  // any of them before the handler returns, so its count only grows meanwhile: with 2 threads,
-  // the odd requests 1 to 15 are its 8th by request 15.
+  // Dispatched from inside the last host's loop, as its sockets' handlers dispatch. While
+  // neither the host nor the next thread (thread 0) has Service::kLocalInFlight requests in
+  // flight, they go to the next thread's queues (flow affinity among them); from then on to
+  // the host's own, whatever their flow. The accelerator starts once all are dispatched, so no
+  // count falls meanwhile: the first 8 go to thread 0, the rest to the host (with one thread,
+  // the host is its own next thread).
   const uint32_t host = threads() - 1;
-  const size_t spread = threads() == 1 ? 0 : 16;
+  const uint32_t next_thread = 0;
   std::vector<uint64_t> tokens;
   std::atomic<bool> dispatched{false};
   boost::asio::post(*hosts_[host], [&] {
@@ -344,13 +343,14 @@ TEST_P(HostedEngineTest, ALoadedHostKeepsWhatItReadsOnItsOwnQueues) {
   for (int i = 0; i < 1000 && !dispatched; ++i)
     std::this_thread::sleep_for(10ms);
   ASSERT_TRUE(dispatched);
+  ASSERT_NO_FATAL_FAILURE(start_accelerator());
   const auto answers = sink_->wait_for(tokens.size());
   ASSERT_EQ(answers.size(), tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
     const auto it = answers.find(tokens[i]);
     ASSERT_NE(it, answers.end()) << "request " << i;
     EXPECT_EQ(it->second.reply.bytes, "re:r" + std::to_string(i));
-    const uint32_t expected = i < spread ? (i % kQueues) % threads() : host;
+    const uint32_t expected = i < static_cast<size_t>(Service::kLocalInFlight) ? next_thread : host;
     EXPECT_EQ(it->second.thread, expected) << "request " << i;
   }
   // From a thread that hosts nothing, the requests spread over every thread's queues.

@@ -9,9 +9,10 @@
 // Replies on one TCP connection leave in request order under every policy (the connection
 // reorders them by sequence); flow_affinity only saves the reordering.
 //
-// With the engine in the I/O threads (engine_threads: 0), an I/O thread whose engine thread is
-// loaded applies the policy to its own thread's queues only (see Targets::by_thread). A flow
-// then keeps its queue while the load stays on one side of that line.
+// With the engine in the I/O threads (engine_threads: 0), an I/O thread applies the policy to
+// the queues of one engine thread only: the next thread's while neither is loaded, its own once
+// either is (see Targets::by_thread). A flow then keeps its queue while the load stays on one
+// side of that line.
 #pragma once
 
 #include <array>
@@ -111,6 +112,10 @@ class Service {
   // A reply taken from its TX line, ahead of the tail (mqueue/layout.hpp).
   void count_line_reply() { line_replies_.inc(); }
 
+  // Requests in flight on an engine thread from which the I/O thread that hosts it, or the one
+  // before it, counts it as loaded (see Targets::by_thread).
+  static constexpr int64_t kLocalInFlight = 8;
+
  private:
   struct Target {
     std::shared_ptr<AgentRegion> region;
@@ -121,13 +126,15 @@ class Service {
     std::vector<Target> all;
     // The indexes into `all` of the queues engine thread i serves. With the engine in the I/O
     // threads (Engine::hosted_thread()), a request goes to a queue of the thread that read it
-    // while that thread has kLocalInFlight requests in flight or more, so that under load it
-    // reaches its ring without a hand-off between threads. Below that it may go to any thread:
-    // another thread that polls takes it into its ring while the reading thread is still busy
-    // with its socket, which is quicker for a lone request.
+    // once that thread, or the next one, has kLocalInFlight requests in flight or more, so that
+    // under load it reaches its ring without a hand-off between threads. Below that it goes to
+    // the next thread (thread i + 1, the last thread's is thread 0): a thread that polls takes
+    // it into its ring while the reading thread is still busy with its socket, which is
+    // quicker for a lone request. Only the next thread, not any: at low load the others then
+    // have nothing to do and sleep, instead of every I/O thread spinning for requests that
+    // come one at a time.
     std::vector<std::vector<uint32_t>> by_thread;
   };
-  static constexpr int64_t kLocalInFlight = 8;
   // `all` filled in: indexes it by engine thread.
   void index_by_thread(Targets& t) const;
 

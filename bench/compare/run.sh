@@ -332,6 +332,14 @@ sockperf_point() {
   log "$name: $(grep -m1 -E 'Summary: (Round trip|Latency)' "$RAW/$name.txt" || echo "sockperf exited $rc")"
 }
 
+# save_metrics NAME: snic_server's own counters over the session so far, for the record
+# (raw/NAME-metrics.txt); nothing for the other servers.
+save_metrics() {
+  if [ -n "${METRICS_PORT:-}" ]; then
+    curl -sf -m 5 "http://127.0.0.1:$METRICS_PORT/metrics" >"$RAW/$1-metrics.txt" 2>/dev/null || true
+  fi
+}
+
 FAILED=0
 # Echo at low load, LOW_LOAD_ROUNDS times (see the top): a fresh server each round, the order
 # of the servers turned round every other round.
@@ -344,6 +352,7 @@ if [ "$LOW_LOAD_ROUNDS" -gt 0 ] && [ -n "$LOW_LOAD_SERVERS" ]; then
       if start_server "$server" echo; then
         point "$server" echo udp 64 low-load --connections 1 --window 1
         [ -n "${SOCKPERF:-}" ] && sockperf_point "$server" 64 sockperf-low-load
+        save_metrics "$server-echo-round$ROUND"
       else
         FAILED=$((FAILED + 1))
       fi
@@ -384,12 +393,7 @@ for handler in $HANDLERS; do
     if [ "$handler" = echo ] && [ -n "${SOCKPERF:-}" ]; then
       for size in $SIZES; do sockperf_point "$server" "$size"; done
     fi
-    # snic_server's own counters over the whole session, for the record (raw/).
-    if [ -n "${METRICS_PORT:-}" ]; then
-      curl -sf -m 5 "http://127.0.0.1:$METRICS_PORT/metrics" >"$RAW/$server-$handler-metrics.txt" 2>/dev/null ||
-        true
-      METRICS_PORT=
-    fi
+    save_metrics "$server-$handler"
     stop_servers
   done
 done

@@ -124,6 +124,13 @@ for want in "CPU-only smoke run" "caracal_threads: engine_threads 2" "caracal_th
   "| loadgen | caracal - cpu |"; do
   grep -qF "$want" "$md" || { echo "FAIL: compare.md lacks '$want'"; exit 1; }
 done
+# snic_server's counters, kept for each low-load round and each main session.
+for name in caracal-echo-round1 caracal-echo-round2 caracal-echo caracal_threads-matvec; do
+  grep -q '^caracal_engine_spins_cut_total' "$WORK/out/raw/$name-metrics.txt" 2>/dev/null ||
+    { echo "FAIL: no snic_server metrics in raw/$name-metrics.txt"; exit 1; }
+done
+[ ! -e "$WORK/out/raw/cpu-echo-round1-metrics.txt" ] ||
+  { echo "FAIL: metrics kept for the CPU server, which has none"; exit 1; }
 if [ -n "$PERF" ]; then
   grep -qF "| caracal | echo | udp | 64 |" <(sed -n '/^## Where a request/,/^## /p' "$md") ||
     { echo "FAIL: compare.md lacks the profile table"; exit 1; }

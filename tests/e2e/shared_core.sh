@@ -6,9 +6,9 @@
 # takes it away, so the engine threads must notice that they lose their core and spin short
 # (caracal_engine_spins_cut_total). (With the engine in the I/O threads, one client's requests
 # go to one engine thread only, which keeps the core and loses little of it: the cut there is
-# left to chance, and the test would be too.) sockperf ping-pong over UDP then gets every reply, in
-# order, and the metric shows the engine cut its spinning. The latency is printed, not judged
-# (bench/ measures performance).
+# left to chance, and the test would be too.) sockperf ping-pong over UDP then gets every reply,
+# in order, and the metric shows the engine cut its spinning. The latency is printed, not
+# judged (bench/ measures performance).
 source "$(dirname "$0")/lib.sh"
 need sockperf curl taskset
 

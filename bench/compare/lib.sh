@@ -11,3 +11,74 @@ wait_for_line() {
   tail -20 "$1" >&2
   return 1
 }
+
+# A CPU quota for a group of processes (run.sh's held points), through a cgroup of its own
+# under the CPU controller: cgroup v2 (the unified hierarchy) or v1.
+#
+# hold_create NAME: makes the group; sets HOLD_CG (its directory) and HOLD_V (2 or 1), or says
+# on stderr why it cannot and returns 1.
+hold_create() {
+  local root=/sys/fs/cgroup dir=
+  HOLD_CG= HOLD_V=
+  if [ -f "$root/cgroup.controllers" ]; then
+    if ! grep -qw cpu "$root/cgroup.controllers"; then
+      echo "cgroup v2 at $root offers no cpu controller" >&2
+      return 1
+    fi
+    if ! grep -qw cpu "$root/cgroup.subtree_control" &&
+      ! echo +cpu 2>/dev/null >"$root/cgroup.subtree_control"; then
+      echo "cannot enable the cpu controller in $root/cgroup.subtree_control (not root?)" >&2
+      return 1
+    fi
+    dir=$root/$1
+    HOLD_V=2
+  else
+    local c
+    for c in "$root/cpu" "$root/cpu,cpuacct"; do
+      [ -f "$c/cpu.cfs_quota_us" ] && dir=$c/$1 && break
+    done
+    if [ -z "$dir" ]; then
+      echo "no cgroup CPU controller under $root (neither v2 nor v1's cpu.cfs_quota_us)" >&2
+      return 1
+    fi
+    HOLD_V=1
+  fi
+  mkdir -p "$dir" 2>/dev/null || { echo "cannot create the cgroup $dir (not root?)" >&2; return 1; }
+  HOLD_CG=$dir
+}
+
+# hold_set CORES PERIOD_US: at most CORES CPUs' worth of time in every PERIOD_US, for the group.
+hold_set() {
+  local quota
+  quota=$(awk -v c="$1" -v p="$2" 'BEGIN { printf "%d", c * p + 0.5 }')
+  if [ "$HOLD_V" = 2 ]; then
+    echo "$quota $2" >"$HOLD_CG/cpu.max"
+  else
+    echo "$2" >"$HOLD_CG/cpu.cfs_period_us" && echo "$quota" >"$HOLD_CG/cpu.cfs_quota_us"
+  fi
+}
+
+# hold_stat: "PERIODS THROTTLED", the group's enforcement periods so far and those in which it
+# ran out of time.
+hold_stat() {
+  awk '$1 == "nr_periods" { p = $2 } $1 == "nr_throttled" { t = $2 } END { print p + 0, t + 0 }' \
+    "$HOLD_CG/cpu.stat"
+}
+
+# hold_exec COMMAND...: runs COMMAND in the group (call it in the background: `hold_exec cmd &`;
+# $! is then COMMAND's pid).
+hold_exec() {
+  echo "$BASHPID" >"$HOLD_CG/cgroup.procs" || exit 1
+  exec "$@"
+}
+
+# hold_remove: removes the group, once its processes are gone.
+hold_remove() {
+  [ -n "${HOLD_CG:-}" ] && [ -d "$HOLD_CG" ] || return 0
+  for _ in $(seq 50); do
+    rmdir "$HOLD_CG" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "cannot remove the cgroup $HOLD_CG" >&2
+  return 1
+}

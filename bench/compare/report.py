@@ -325,6 +325,40 @@ def markdown(run):
                          + f" | {(100 - counted) / 100 * per_request:.2f} |")
         lines.append("")
 
+    held = [q for q in pts if q.get("kind") == "held" and q.get("hold")]
+    if held:
+        ref = held[0]["hold"]["to"]
+        lines.append(f"## Caracal held to the cores of {ref} at saturation (cgroup CPU quota)")
+        lines.append("")
+        lines.append(f"Each point again, with snic_server and the agent in a cgroup whose CPU "
+                     f"quota is the cores {ref} used at the same point (rounded down to 0.01; "
+                     f"enforced every {held[0]['hold']['period_us'] / 1000:g} ms), a fresh "
+                     "server per point. Throttled: the enforcement periods in which the group "
+                     "ran out of its quota.")
+        lines.append("")
+        lines.append(f"| handler | proto | size | {ref} kreq/s | {ref} cores | held: I/O threads "
+                     "| held: quota | held: cores | held: kreq/s | held: p50 us | held: p99 us "
+                     f"| throttled | lost | held / {ref} |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for q in held:
+            h = q["hold"]
+            r = find(pts, server=ref, handler=q["handler"], proto=q["proto"], size=q["size"],
+                     kind="saturation")
+            if "throughput_rps" not in q:
+                continue
+            lat = q.get("latency") or {}
+            rk = (r or {}).get("throughput_rps")
+            mark = " (errors)" if q["counts"]["wrong"] + q["counts"]["connection_errors"] else ""
+            lines.append(
+                f"| {q['handler']} | {q['proto']} | {q['size']} | "
+                + (f"{rk / 1000:.1f} | {r.get('cpu_cores') or 0:.2f}" if rk else "- | -")
+                + f" | {h['threads']} | {h['cores']:.2f} | {q.get('cpu_cores') or 0:.2f} | "
+                f"{q['throughput_rps'] / 1000:.1f}{mark} | {us(lat.get('p50_ns'))} | "
+                f"{us(lat.get('p99_ns'))} | {h['throttled']} of {h['periods']} | "
+                f"{q['counts']['lost']} | "
+                + (f"{q['throughput_rps'] / rk:.2f}x" if rk else "-") + " |")
+        lines.append("")
+
     opens = [q for q in pts if str(q.get("kind", "")).startswith("open-") and "latency" in q]
     if opens:
         lines.append("## Latency against offered load (open loop)")

@@ -49,7 +49,16 @@
 # (caracal_threads' engine_threads, 2), LOW_LOAD_ROUNDS (5; 0: none), LOW_LOAD_SERVERS (those of
 # "caracal cpu" in SERVERS), PERF (a perf binary: each saturation point also samples the server's
 # processes with `perf record -g` over the measured window and keeps the flat profile, per
-# thread name, shared object and symbol, as raw/NAME-perf.txt).
+# thread name, shared object and symbol, as raw/NAME-perf.txt), HOLD_TO (a server of SERVERS:
+# see below), HOLD_THREADS, HOLD_PERIOD_US.
+#
+# Held points (HOLD_TO set, e.g. host_centric; needs root and a cgroup CPU controller, v2 or v1):
+# after the sessions above, Caracal runs each saturation point again inside a cgroup whose CPU
+# quota is the cores HOLD_TO used at the same handler, protocol and size (rounded down to 0.01),
+# enforced every HOLD_PERIOD_US (10000) us, with HOLD_THREADS I/O threads (default: the quota
+# rounded up), a fresh server per point (kind "held"; the point records the quota, the threads,
+# and the enforcement periods in which the group ran out of time). So Caracal is measured with
+# at most the cores of the server it is compared with, as in a container with that CPU limit.
 # With the defaults a full run takes about 8 minutes.
 set -uo pipefail
 
@@ -143,11 +152,19 @@ stop_servers() {
   done
   PIDS=()
 }
-trap stop_servers EXIT
+HOLD_CG=
+HOLDING=0
+trap 'stop_servers; hold_remove' EXIT
 
 log() { echo "[$(($(date +%s) - T0))s] $*" >&2; }
 
-source "$(dirname "$0")/lib.sh"  # wait_for_line
+source "$(dirname "$0")/lib.sh"  # wait_for_line, hold_*
+
+# launch COMMAND...: runs COMMAND (in the background), in the held group while HOLDING is 1.
+launch() {
+  if [ "$HOLDING" = 1 ]; then hold_exec "$@"; fi
+  exec "$@"
+}
 
 # CPU ticks (utime + stime) of the server's processes so far.
 ticks() {
@@ -210,7 +227,7 @@ services:
       - { protocol: udp, listen: 127.0.0.1:0 }
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
 YAML
-      "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
+      launch "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
       local spid=$!
       PIDS+=("$spid")
       wait_for_line "$log-server.log" "serving [0-9]+ service" 20 || return 1
@@ -232,7 +249,7 @@ reconnect_interval_ms: 100
 services:
   - { name: $handler, queues: $AGENT_QUEUES, ring_capacity: ${AGENT_RING_CAPACITY:-512}, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE${RX_LINES:+, rx_lines: $RX_LINES}${TX_LINES:+, tx_lines: $TX_LINES} }
 YAML
-      "${AGENT[$handler]}" --config "$log-agent.yaml" >"$log-agent.log" 2>&1 &
+      launch "${AGENT[$handler]}" --config "$log-agent.yaml" >"$log-agent.log" 2>&1 &
       local apid=$!
       PIDS+=("$apid")
       wait_for_line "$log-agent.log" "serving [0-9]+ service" 60 || return 1
@@ -277,6 +294,8 @@ point() {
       -- sleep "$(awk -v d="$DURATION" 'BEGIN { print d * 0.8 }')") >"$RAW/$name-perf.log" 2>&1 &
     perf_pid=$!
   fi
+  local hold_before=
+  [ "$HOLDING" = 1 ] && hold_before=$(hold_stat)
   t0=$(ticks)
   w0=$(date +%s.%N)
   "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
@@ -302,9 +321,17 @@ point() {
     threads=$(threads_json "$threads_before" "$(thread_ticks)" \
       "$(awk -v a="$w0" -v b="$w1" 'BEGIN { print b - a }')")
   fi
-  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s",%s"loadgen_rc":%d,"cpu_cores":%s,"threads":%s,"json":"%s"}\n' \
-    "$server" "$handler" "$proto" "$size" "$kind" "${ROUND:+\"round\":$ROUND,}" "$rc" "$cores" \
-    "$threads" "$name.json" >>"$POINTS"
+  local hold=
+  if [ -n "$hold_before" ]; then
+    # The quota and thread count (set by the caller), and the enforcement periods over the run.
+    set -- $hold_before $(hold_stat)
+    hold=$(printf '"hold":{"to":"%s","cores":%s,"threads":%d,"period_us":%d,%s},' \
+      "$HOLD_TO" "$HOLD_CORES" "$THREADS" "$HOLD_PERIOD_US" \
+      "\"periods\":$(($3 - $1)),\"throttled\":$(($4 - $2))")
+  fi
+  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s",%s%s"loadgen_rc":%d,"cpu_cores":%s,"threads":%s,"json":"%s"}\n' \
+    "$server" "$handler" "$proto" "$size" "$kind" "${ROUND:+\"round\":$ROUND,}" "$hold" "$rc" \
+    "$cores" "$threads" "$name.json" >>"$POINTS"
   log "$name: $(head -1 "$RAW/$name.out") [server cores $cores]"
   [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
 }
@@ -339,6 +366,23 @@ save_metrics() {
     curl -sf -m 5 "http://127.0.0.1:$METRICS_PORT/metrics" >"$RAW/$1-metrics.txt" 2>/dev/null || true
   fi
 }
+
+# Held points: checked before anything runs, so that a run that cannot make them stops at once.
+HOLD_PERIOD_US=${HOLD_PERIOD_US:-10000}
+if [ -n "${HOLD_TO:-}" ]; then
+  case " $SERVERS " in
+    *" $HOLD_TO "*) [ "$HOLD_TO" != caracal ] ;;
+    *) false ;;
+  esac || { echo "run.sh: HOLD_TO=$HOLD_TO is not another server of this run ($SERVERS)" >&2; exit 2; }
+  [[ "$HOLD_PERIOD_US" =~ ^[0-9]+$ ]] && [ "$HOLD_PERIOD_US" -ge 1000 ] &&
+    [ "$HOLD_PERIOD_US" -le 1000000 ] ||
+    { echo "run.sh: HOLD_PERIOD_US=$HOLD_PERIOD_US is not in the kernel's 1000 to 1000000" >&2
+      exit 2; }
+  [ -z "${HOLD_THREADS:-}" ] || [[ "$HOLD_THREADS" =~ ^[1-9][0-9]*$ ]] ||
+    { echo "run.sh: HOLD_THREADS=$HOLD_THREADS is not a thread count" >&2; exit 2; }
+  hold_create "caracal-bench-held-$$" ||
+    { echo "run.sh: HOLD_TO=$HOLD_TO: no CPU quota can be set here (above)" >&2; exit 2; }
+fi
 
 FAILED=0
 # Echo at low load, LOW_LOAD_ROUNDS times (see the top): a fresh server each round, the order
@@ -398,6 +442,35 @@ for handler in $HANDLERS; do
   done
 done
 
+# Caracal held to HOLD_TO's cores (see the top), a fresh server per point.
+if [ -n "${HOLD_TO:-}" ]; then
+  log "== caracal held to the cores of $HOLD_TO: $HOLD_CG (cgroup v$HOLD_V)," \
+    "period $HOLD_PERIOD_US us"
+  for handler in $HANDLERS; do
+    for proto in udp tcp; do
+      for size in $SIZES; do
+        want="\"server\":\"$HOLD_TO\",\"handler\":\"$handler\",\"proto\":\"$proto\",\"size\":$size"
+        ref=$(grep -F "$want,\"kind\":\"saturation\"," "$POINTS" | sed -nE 's/.*"cpu_cores":([0-9.]+).*/\1/p' | head -1)
+        HOLD_CORES=$(awk -v c="${ref:-0}" 'BEGIN { printf "%.2f", int(c * 100) / 100 }')
+        if awk -v c="$HOLD_CORES" 'BEGIN { exit !(c < 0.05) }'; then
+          log "$HOLD_TO has no saturation point with CPU for $handler $proto $size; not held"
+          FAILED=$((FAILED + 1))
+          continue
+        fi
+        threads=${HOLD_THREADS:-$(awk -v c="$HOLD_CORES" 'BEGIN { t = int(c); print t + (t < c) }')}
+        if hold_set "$HOLD_CORES" "$HOLD_PERIOD_US" &&
+          HOLDING=1 THREADS=$threads start_server caracal "$handler"; then
+          HOLDING=1 THREADS=$threads point caracal "$handler" "$proto" "$size" held \
+            --connections "$SAT_CONNECTIONS" --window "$SAT_WINDOW" --threads "$LOADGEN_THREADS"
+        else
+          FAILED=$((FAILED + 1))
+        fi
+        stop_servers
+      done
+    done
+  done
+fi
+
 # The run's facts, then everything into one JSON and the tables.
 {
   echo "{"
@@ -412,7 +485,7 @@ done
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"low_load_servers\": \"$LOW_LOAD_SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

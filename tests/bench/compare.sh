@@ -6,7 +6,9 @@
 # of the saturation rate: at half of it, on 2 cores shared with three polling threads, the
 # open-loop client sometimes fell so far behind that nothing landed in its window) and, where
 # sockperf is installed, the sockperf anchor; where perf can sample (linux-perf), the
-# saturation points are profiled (PERF) and the report splits them. Then the JSON and the
+# saturation points are profiled (PERF) and the report splits them; where a cgroup CPU quota
+# can be set (root), Caracal's saturation points run again held to the CPU server's cores
+# (HOLD_TO). Then the JSON and the
 # tables must hold every point, with the server's and the client's CPU, and every reply right.
 # It checks the script and its report on every change; on the GPU machine the same script makes
 # bench/results/. Measures nothing.
@@ -22,10 +24,27 @@ if command -v perf >/dev/null && perf record -q -e cpu-clock -o "$WORK/probe.dat
 else
   echo "perf cannot sample here; the profile part is not checked"
 fi
+HOLD_TO=""
+if (source "$SRC/bench/compare/lib.sh" && hold_create "caracal-bench-probe-$$" && rmdir "$HOLD_CG"); then
+  HOLD_TO=cpu
+else
+  echo "no cgroup CPU quota can be set here; the held points are not checked"
+fi
+# A held run must name another server of the run, and is refused before anything runs.
+rc=0
+HOLD_TO=caracal_bogus "$SRC/bench/compare/run.sh" "$BUILD" "$WORK/refused" --cpu-only \
+  >"$WORK/refused.log" 2>&1 || rc=$?
+if [ "$rc" -ne 2 ] || [ -s "$WORK/refused/raw/points.jsonl" ] ||
+  ! grep -q "HOLD_TO=caracal_bogus is not another server of this run" "$WORK/refused.log"; then
+  cat "$WORK/refused.log"
+  echo "FAIL: run.sh took HOLD_TO=caracal_bogus (exit $rc), or did not say why it refused it"
+  exit 1
+fi
 
 if ! SERVERS="caracal caracal_threads cpu" HANDLERS="echo matvec" SIZES=64 DURATION=0.3 \
   WARMUP=0.1 THREADS=2 LOADGEN_THREADS=2 SAT_CONNECTIONS=2 SAT_WINDOW=4 OPEN_SIZES=64 \
   OPEN_FRACTIONS=0.1 AGENT_QUEUES=2 ENGINE_THREADS=0 LOW_LOAD_ROUNDS=2 CARACAL_COMMIT=test PERF="$PERF" \
+  HOLD_TO="$HOLD_TO" \
   "$SRC/bench/compare/run.sh" "$BUILD" "$WORK/out" --cpu-only >"$WORK/run.log" 2>&1; then
   cat "$WORK/run.log"
   echo "FAIL: run.sh exited non-zero"
@@ -37,13 +56,15 @@ grep -q '^engine_threads: 0$' "$WORK/out/raw/caracal-echo-server.yaml" ||
 grep -q '^engine_threads: 2$' "$WORK/out/raw/caracal_threads-echo-server.yaml" ||
   { echo "FAIL: caracal_threads did not run engine_threads 2"; exit 1; }
 
-python3 - "$WORK/out/compare.json" "$(command -v sockperf || true)" "$PERF" <<'EOF'
+python3 - "$WORK/out/compare.json" "$(command -v sockperf || true)" "$PERF" "$HOLD_TO" <<'EOF'
 import json
+import math
 import sys
 
 run = json.load(open(sys.argv[1]))
 have_sockperf = bool(sys.argv[2])
 have_perf = bool(sys.argv[3])
+hold_to = sys.argv[4]
 problems = []
 if run["failed_points"] != 0:
     problems.append(f"{run['failed_points']} points failed")
@@ -113,6 +134,33 @@ if len(gap.get("per_round") or []) != 2 or gap.get("median") is None:
 elif any(abs(g - (a - b)) > 1e-9
          for g, a, b in zip(gap["per_round"], lg["caracal"], lg["cpu"])):
     problems.append(f"low-load gaps {gap} are not caracal less cpu {lg}")
+# Held points: Caracal again at each saturation point, in a group held to the CPU server's cores
+# there, with as many I/O threads as the quota rounded up; its cores stay under the quota (a
+# tick of /proc's accounting and a tenth over it at most).
+held = find(kind="held")
+if not hold_to and held:
+    problems.append("held points without HOLD_TO")
+for handler in ("echo", "matvec") if hold_to else ():
+    for proto in ("udp", "tcp"):
+        where = f"held {handler} {proto}"
+        found = find(server="caracal", handler=handler, proto=proto, size=64, kind="held")
+        ref = find(server=hold_to, handler=handler, proto=proto, size=64, kind="saturation")
+        if len(found) != 1 or len(ref) != 1:
+            problems.append(f"{where}: {len(found)} points, {len(ref)} to hold to")
+            continue
+        p, h = found[0], found[0].get("hold") or {}
+        want = math.floor(ref[0]["cpu_cores"] * 100) / 100
+        if h.get("to") != hold_to or abs(h.get("cores", -1) - want) > 0.005:
+            problems.append(f"{where}: held to {h}, want {want} cores of {hold_to}")
+            continue
+        if h["threads"] != math.ceil(h["cores"] - 1e-9) or h["period_us"] != 10000:
+            problems.append(f"{where}: {h['threads']} threads, period {h['period_us']} us")
+        if not h["periods"] > 0 or not 0 <= h["throttled"] <= h["periods"]:
+            problems.append(f"{where}: periods {h['periods']}, throttled {h['throttled']}")
+        if not 0 < p["cpu_cores"] <= h["cores"] * 1.1 + 0.05:
+            problems.append(f"{where}: {p['cpu_cores']} cores, held to {h['cores']}")
+        if p.get("throughput_rps", 0) <= 0 or p["counts"]["wrong"] != 0:
+            problems.append(f"{where}: no throughput or wrong replies")
 for problem in problems:
     print("FAIL:", problem)
 sys.exit(1 if problems else 0)
@@ -131,6 +179,10 @@ for name in caracal-echo-round1 caracal-echo-round2 caracal-echo caracal_threads
 done
 [ ! -e "$WORK/out/raw/cpu-echo-round1-metrics.txt" ] ||
   { echo "FAIL: metrics kept for the CPU server, which has none"; exit 1; }
+if [ -n "$HOLD_TO" ]; then
+  grep -qF "## Caracal held to the cores of cpu at saturation" "$md" ||
+    { echo "FAIL: compare.md lacks the held points"; exit 1; }
+fi
 if [ -n "$PERF" ]; then
   grep -qF "| caracal | echo | udp | 64 |" <(sed -n '/^## Where a request/,/^## /p' "$md") ||
     { echo "FAIL: compare.md lacks the profile table"; exit 1; }

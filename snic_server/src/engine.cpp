@@ -89,6 +89,7 @@ bool QueueInbox::submit(Message& m) {
   std::lock_guard lock(m_);
   if (!open_) return false;
   items_.push_back(std::move(m));
+  queued_.store(true, std::memory_order_relaxed);  // see queued_
   waiting.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -99,15 +100,18 @@ std::vector<Message> QueueInbox::close() {
   waiting.fetch_sub(static_cast<uint32_t>(items_.size()), std::memory_order_relaxed);
   std::vector<Message> left;
   left.swap(items_);
+  queued_.store(false, std::memory_order_relaxed);
   return left;
 }
 
 bool QueueInbox::take(std::deque<Message>& out) {
+  if (!queued_.load(std::memory_order_relaxed)) return false;  // see queued_
   std::lock_guard lock(m_);
   if (items_.empty()) return false;
   for (Message& m : items_)
     out.push_back(std::move(m));
   items_.clear();
+  queued_.store(false, std::memory_order_relaxed);
   return true;
 }
 

@@ -66,7 +66,10 @@ class QueueInbox {
   bool submit(Message& m);
   // Closes the inbox; returns what was still waiting in it.
   std::vector<Message> close();
-  // Moves everything waiting to `out` (engine thread). True if anything moved.
+  // Moves everything waiting to `out` (engine thread). True if anything moved. An empty inbox
+  // costs no lock: the engine looks at every inbox of its queues every round, and a lock taken
+  // that often is held often enough that submit() finds it taken and sleeps in the kernel until
+  // the engine lets go (a wake-up added to the request's latency).
   bool take(std::deque<Message>& out);
 
   // Dispatched and not yet answered (server queues): what least_loaded compares.
@@ -79,6 +82,10 @@ class QueueInbox {
  private:
   std::mutex m_;
   std::vector<Message> items_;
+  // !items_.empty(), as of the last unlock: written only under m_, read by take() without it as
+  // a hint. Relaxed: the messages themselves are read under m_, which orders them; a take() that
+  // reads a stale false finds them on its next round.
+  std::atomic<bool> queued_{false};
   bool open_ = true;
 };
 

@@ -224,7 +224,10 @@ class EngineThread {
   void settle(Command& c);
   void fail_region(Attached& a, const std::string& reason);
   void flush_replies();
-  void idle(uint32_t idle_rounds);
+  // A round without work: spin, yield or sleep (see the definition). True if the host ran one of
+  // its handlers while this thread waited in it (hosted mode): that was work, and the caller
+  // starts counting rounds without work afresh.
+  bool idle(uint32_t idle_rounds);
   // Whether other threads had this thread's core for a good part of the time since the last
   // look (see idle()); this thread only.
   bool lost_core_since_last_look();
@@ -956,7 +959,11 @@ void EngineThread::run_hosted() {
         idle_rounds = 0;
       } else {
         prof::Scope t(prof::kIdle);
-        idle(++idle_rounds);
+        // A handler that ended the wait (a socket's request, a wake-up) was work like one that
+        // io.poll() ran: the thread spins again before its next sleep. Otherwise a thread that
+        // only reads (its requests go to another thread's queues) would, once asleep, sleep
+        // again after every request, and each would wait for that thread to be woken.
+        if (idle(++idle_rounds)) idle_rounds = 0;
       }
     }
     finish();
@@ -993,7 +1000,7 @@ bool EngineThread::lost_core_since_last_look() {
   return lost >= o.contended_lost_min && lost * 8 >= wall;
 }
 
-void EngineThread::idle(uint32_t idle_rounds) {
+bool EngineThread::idle(uint32_t idle_rounds) {
   const EngineOptions& o = engine_.options_;
   // Spinning keeps a request's latency down only where the thread has a core to itself. Where
   // runnable threads outnumber cores (2 I/O threads and the agent's CPU worker on 2 cores), a
@@ -1012,7 +1019,7 @@ void EngineThread::idle(uint32_t idle_rounds) {
     if (o.spins_cut != nullptr) o.spins_cut->inc();
     spin = std::min(spin, o.contended_spin_rounds);
   }
-  if (idle_rounds < spin) return;
+  if (idle_rounds < spin) return false;
   const bool waiting_for_replies = in_flight_.load(std::memory_order_relaxed) > 0;
   if (waiting_for_replies) {
     // Replies can arrive at any moment and nothing will wake us for them: poll, but give the
@@ -1020,28 +1027,28 @@ void EngineThread::idle(uint32_t idle_rounds) {
     // is time another thread wanted this core, and counts as lost at the next look.
     if (idle_rounds < o.spin_rounds * 2) {
       std::this_thread::yield();
-      return;
+      return false;
     }
     last_look_.reset();  // a sleep is not time lost to another thread
     if (host_ != nullptr) {
-      host_->run_one_for(o.max_poll_sleep);  // a handler of the host's ends the wait early
-    } else {
-      std::this_thread::sleep_for(o.max_poll_sleep);
+      return host_->run_one_for(o.max_poll_sleep) > 0;  // a handler of the host's ends the wait
     }
-    return;
+    std::this_thread::sleep_for(o.max_poll_sleep);
+    return false;
   }
   last_look_.reset();
   if (host_ != nullptr) {
     // Hosted: the host's own wait is the sleep, and a wake() is a post that ends it. The same
     // handshake as below, without the mutex: the post cannot be lost (see wake()).
     sleeping_.store(true, std::memory_order_seq_cst);
+    size_t ran = 0;
     if (submitted_.load(std::memory_order_seq_cst) == round_seen_ &&
         in_flight_.load(std::memory_order_seq_cst) <= 0 &&
         !stopping_.load(std::memory_order_relaxed)) {
-      host_->run_one_for(std::chrono::milliseconds(5));
+      ran = host_->run_one_for(std::chrono::milliseconds(5));
     }
     sleeping_.store(false, std::memory_order_seq_cst);
-    return;
+    return ran > 0;
   }
   // Nothing in flight: sleep until a submission or a command, with a timeout for heartbeats of
   // draining regions.
@@ -1055,6 +1062,7 @@ void EngineThread::idle(uint32_t idle_rounds) {
     sleep_cv_.wait_for(lock, std::chrono::milliseconds(5));
   }
   sleeping_.store(false, std::memory_order_seq_cst);
+  return false;
 }
 
 }  // namespace caracal::server

@@ -7,11 +7,13 @@
 // I/O threads do with `engine_threads: 0`). The region has TX lines: the CPU workers announce
 // every reply in one, and the engine takes replies from them before the tails.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -402,6 +404,50 @@ TEST(HostedEngine, StopBeforeTheHostsStart) {
     std::this_thread::sleep_for(10ms);
   EXPECT_TRUE(ran);
   a.stop();
+  host.join();
+}
+
+// The host thread's voluntary context switches so far: its sleeps (getrusage in that thread).
+long host_sleeps() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return u.ru_nvcsw;
+}
+
+// A handler that ends a hosted thread's sleep is work, as one that io.poll() runs is: the thread
+// spins again before it sleeps. A thread that only reads sockets (its requests go to another
+// thread's queues) otherwise fell asleep once and then slept again after every request, each
+// of which then waited for the thread to be woken. Handlers come here every 50 us, after the
+// thread has gone to sleep; it may sleep once more than it wakes for the first, not for each.
+TEST(HostedEngine, AHandlerThatEndsTheSleepIsWorkAndTheThreadSpinsAgain) {
+  ReplyTable replies(64);
+  boost::asio::io_context io(1);
+  // Spins long enough for the handlers to come while it spins, even under a sanitizer; no cut
+  // to short spins on a shared machine (contended_spin_rounds as long).
+  constexpr uint32_t kSpin = 1'000'000;
+  Engine engine(replies,
+                EngineOptions{.spin_rounds = kSpin, .contended_spin_rounds = kSpin, .threads = 1});
+  engine.host(0, io);
+  engine.start();
+  std::thread host([&] {
+    auto guard = boost::asio::make_work_guard(io);
+    engine.run_hosted(0);
+  });
+  // Asleep: a million empty rounds take well under 2 s (about 50 ns each, a few hundred under
+  // a sanitizer); the thread waits in io.run_one_for() from then on.
+  std::this_thread::sleep_for(2s);
+  std::promise<long> first, last;
+  boost::asio::post(io, [&] { first.set_value(host_sleeps()); });
+  constexpr int kHandlers = 40;
+  for (int i = 0; i < kHandlers; ++i) {
+    std::this_thread::sleep_for(50us);
+    boost::asio::post(io, [] {});
+  }
+  boost::asio::post(io, [&] { last.set_value(host_sleeps()); });
+  const long slept = last.get_future().get() - first.get_future().get();
+  EXPECT_LE(slept, kHandlers / 4) << "the host slept again after the handlers that woke it";
+  engine.stop();
+  io.stop();
   host.join();
 }
 

@@ -7,8 +7,8 @@
 // I/O threads do with `engine_threads: 0`). The region has TX lines: the CPU workers announce
 // every reply in one, and the engine takes replies from them before the tails.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <condition_variable>

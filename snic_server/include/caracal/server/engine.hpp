@@ -67,9 +67,8 @@ class QueueInbox {
   // Closes the inbox; returns what was still waiting in it.
   std::vector<Message> close();
   // Moves everything waiting to `out` (engine thread). True if anything moved. An empty inbox
-  // costs no lock: the engine looks at every inbox of its queues every round, and a lock taken
-  // that often is held often enough that submit() finds it taken and sleeps in the kernel until
-  // the engine lets go (a wake-up added to the request's latency).
+  // costs no lock: the engine looks at every inbox of its queues every round, and each lock
+  // and unlock wrote the mutex's cache line, which submit() on an I/O thread writes too.
   bool take(std::deque<Message>& out);
 
   // Dispatched and not yet answered (server queues): what least_loaded compares.

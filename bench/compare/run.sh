@@ -450,7 +450,8 @@ if [ -n "${HOLD_TO:-}" ]; then
     for proto in udp tcp; do
       for size in $SIZES; do
         want="\"server\":\"$HOLD_TO\",\"handler\":\"$handler\",\"proto\":\"$proto\",\"size\":$size"
-        ref=$(grep -F "$want,\"kind\":\"saturation\"," "$POINTS" | sed -nE 's/.*"cpu_cores":([0-9.]+).*/\1/p' | head -1)
+        ref=$(grep -F "$want,\"kind\":\"saturation\"," "$POINTS" |
+          sed -nE 's/.*"cpu_cores":([0-9.]+).*/\1/p' | head -1)
         HOLD_CORES=$(awk -v c="${ref:-0}" 'BEGIN { printf "%.2f", int(c * 100) / 100 }')
         if awk -v c="$HOLD_CORES" 'BEGIN { exit !(c < 0.05) }'; then
           log "$HOLD_TO has no saturation point with CPU for $handler $proto $size; not held"

@@ -1030,6 +1030,7 @@ bool EngineThread::idle(uint32_t idle_rounds) {
       return false;
     }
     last_look_.reset();  // a sleep is not time lost to another thread
+    if (o.sleeps != nullptr) o.sleeps->inc();
     if (host_ != nullptr) {
       return host_->run_one_for(o.max_poll_sleep) > 0;  // a handler of the host's ends the wait
     }
@@ -1045,6 +1046,7 @@ bool EngineThread::idle(uint32_t idle_rounds) {
     if (submitted_.load(std::memory_order_seq_cst) == round_seen_ &&
         in_flight_.load(std::memory_order_seq_cst) <= 0 &&
         !stopping_.load(std::memory_order_relaxed)) {
+      if (o.sleeps != nullptr) o.sleeps->inc();
       ran = host_->run_one_for(std::chrono::milliseconds(5));
     }
     sleeping_.store(false, std::memory_order_seq_cst);
@@ -1059,6 +1061,7 @@ bool EngineThread::idle(uint32_t idle_rounds) {
   if (submitted_.load(std::memory_order_seq_cst) == round_seen_ &&
       in_flight_.load(std::memory_order_seq_cst) <= 0 &&
       !stopping_.load(std::memory_order_relaxed)) {
+    if (o.sleeps != nullptr) o.sleeps->inc();
     sleep_cv_.wait_for(lock, std::chrono::milliseconds(5));
   }
   sleeping_.store(false, std::memory_order_seq_cst);

@@ -20,7 +20,12 @@ Server::Server(ServerConfig config, ServerOptions options)
                   "Times an engine thread (or an I/O thread running the engine) found that "
                   "other threads had taken its core for a good part of the time while it "
                   "polled, and spun short for the next second: more runnable threads than "
-                  "cores")}),
+                  "cores"),
+              .sleeps = &metrics_.counter(
+                  "caracal_engine_sleeps_total",
+                  "Times an engine thread (or an I/O thread running the engine) ran out of "
+                  "rounds to spin and went to sleep until work came, or for at most 5 ms (50 us "
+                  "while replies were outstanding)")}),
       io_(config_.io_threads) {
   // engine_threads 0: every I/O thread hosts an engine thread (parse_server_config keeps
   // io_threads within kMaxEngineThreads then).

@@ -45,4 +45,10 @@ done
 [ "$((after - before))" -ge "$sent" ] || fail "the service saw $((after - before)) requests, fewer than the $sent sockperf sent over TCP"
 errors=$(metric 'caracal_service_errors_total')
 [ "$errors" -eq 0 ] || fail "the service answered $errors errors"
+# With no traffic, the I/O threads stop spinning and sleep (5 ms at a time), and say so.
+slept=$(metric caracal_engine_sleeps_total)
+sleep 0.3
+idle_slept=$(metric caracal_engine_sleeps_total)
+echo "engine sleeps: $slept after the runs, $idle_slept after 0.3 s without traffic"
+[ "$idle_slept" -gt "$slept" ] || fail "the idle I/O threads never slept (caracal_engine_sleeps_total $slept, then $idle_slept)"
 echo "PASS"

@@ -8,7 +8,6 @@
 // every reply in one, and the engine takes replies from them before the tails.
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
-#include <sys/resource.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -29,6 +28,7 @@
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/shm.hpp"
 #include "caracal/server/engine.hpp"
+#include "caracal/server/metrics.hpp"
 #include "caracal/server/service.hpp"
 #include "test_region.hpp"
 
@@ -407,45 +407,49 @@ TEST(HostedEngine, StopBeforeTheHostsStart) {
   host.join();
 }
 
-// The host thread's voluntary context switches so far: its sleeps (getrusage in that thread).
-long host_sleeps() {
-  rusage u{};
-  getrusage(RUSAGE_THREAD, &u);
-  return u.ru_nvcsw;
-}
-
 // A handler that ends a hosted thread's sleep is work, as one that io.poll() runs is: the thread
 // spins again before it sleeps. A thread that only reads sockets (its requests go to another
 // thread's queues) otherwise fell asleep once and then slept again after every request, each
 // of which then waited for the thread to be woken. Handlers come here every 50 us, after the
-// thread has gone to sleep; it may sleep once more than it wakes for the first, not for each.
+// thread has gone to sleep. The engine counts its sleeps (not the thread's context switches,
+// which a loaded machine and a sanitizer's locks add to).
 TEST(HostedEngine, AHandlerThatEndsTheSleepIsWorkAndTheThreadSpinsAgain) {
   ReplyTable replies(64);
   boost::asio::io_context io(1);
-  // Spins long enough for the handlers to come while it spins, even under a sanitizer; no cut
-  // to short spins on a shared machine (contended_spin_rounds as long).
+  Counter sleeps;
+  // Spins long enough for the handlers to come while it spins, even under a sanitizer: a
+  // million rounds take 50 ms or more, so only a test thread stalled that long between two
+  // posts lets it sleep again. No cut to short spins on a loaded machine (contended_spin_rounds
+  // as long).
   constexpr uint32_t kSpin = 1'000'000;
-  Engine engine(replies,
-                EngineOptions{.spin_rounds = kSpin, .contended_spin_rounds = kSpin, .threads = 1});
+  Engine engine(
+      replies,
+      EngineOptions{
+          .spin_rounds = kSpin, .contended_spin_rounds = kSpin, .threads = 1, .sleeps = &sleeps});
   engine.host(0, io);
   engine.start();
   std::thread host([&] {
     auto guard = boost::asio::make_work_guard(io);
     engine.run_hosted(0);
   });
-  // Asleep: a million empty rounds take well under 2 s (about 50 ns each, a few hundred under
-  // a sanitizer); the thread waits in io.run_one_for() from then on.
-  std::this_thread::sleep_for(2s);
-  std::promise<long> first, last;
-  boost::asio::post(io, [&] { first.set_value(host_sleeps()); });
-  constexpr int kHandlers = 40;
-  for (int i = 0; i < kHandlers; ++i) {
-    std::this_thread::sleep_for(50us);
-    boost::asio::post(io, [] {});
+  // Asleep once the engine counts a sleep (a million empty rounds take about 50 ms, a few
+  // hundred under a sanitizer); the thread waits in io.run_one_for() from then on.
+  for (int i = 0; i < 6000 && sleeps.value() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_GE(sleeps.value(), 1u) << "the host never went to sleep";
+  if (sleeps.value() > 0) {
+    std::promise<uint64_t> first, last;
+    boost::asio::post(io, [&] { first.set_value(sleeps.value()); });
+    constexpr int kHandlers = 40;
+    for (int i = 0; i < kHandlers; ++i) {
+      std::this_thread::sleep_for(50us);
+      boost::asio::post(io, [] {});
+    }
+    boost::asio::post(io, [&] { last.set_value(sleeps.value()); });
+    const uint64_t slept = last.get_future().get() - first.get_future().get();
+    EXPECT_LE(slept, uint64_t{kHandlers / 4})
+        << "the host slept again after the handlers that woke it";
   }
-  boost::asio::post(io, [&] { last.set_value(host_sleeps()); });
-  const long slept = last.get_future().get() - first.get_future().get();
-  EXPECT_LE(slept, kHandlers / 4) << "the host slept again after the handlers that woke it";
   engine.stop();
   io.stop();
   host.join();

@@ -165,6 +165,9 @@ struct EngineOptions {
   uint32_t threads = 1;
   // Counts the times a thread found it had lost its core and spun short; may be null.
   Counter* spins_cut = nullptr;
+  // Counts the times a thread went to sleep: it ran out of rounds to spin and waited for work
+  // (or for replies, max_poll_sleep at a time); may be null.
+  Counter* sleeps = nullptr;
 };
 
 class EngineThread;  // one engine thread and what it owns (engine.cpp)

@@ -10,7 +10,8 @@ cd "$(dirname "$0")/../../../.."
 build=$1 hb=$2
 work=$(mktemp -d)
 sed -e "s/heartbeat_interval_ms: .*/heartbeat_interval_ms: $hb/" \
-  -e "s/agent_timeout_ms: .*/agent_timeout_ms: $((hb * 5))/" configs/echo-server.yaml >"$work/server.yaml"
+  -e "s/agent_timeout_ms: .*/agent_timeout_ms: $((hb * 5))/" \
+  configs/echo-server.yaml >"$work/server.yaml"
 "$build/snic_server/snic_server" --config "$work/server.yaml" >"$work/server.log" 2>&1 &
 server=$!
 sleep 0.5
@@ -33,5 +34,6 @@ s1=$(sleeps)
 hz=$(getconf CLK_TCK)
 echo "heartbeat every $hb ms, 5 s idle:"
 join "$work/a" "$work/b" |
-  awk -v hz="$hz" '{printf "  %s %s %.3f cores, %d voluntary switches\n", $1, $2, ($6 - $3) / hz / 5, $7 - $4}'
+  awk -v hz="$hz" '{printf "  %s %s %.3f cores, %d voluntary switches\n", $1, $2,
+    ($6 - $3) / hz / 5, $7 - $4}'
 echo "  engine sleeps: $((s1 - s0))"

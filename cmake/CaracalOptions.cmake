@@ -1,7 +1,35 @@
-# Optional parts and build modes. Each optional dependency defaults to ON when it is found and
-# adds a CARACAL_HAVE_* definition through the caracal_options interface target.
+# Optional parts and build modes. Each optional dependency is AUTO by default: on when it is
+# found at this configure, so a build folder first configured before a dependency was installed
+# picks it up at the next configure. ON requires it, OFF leaves it out. Each part that is on adds
+# a CARACAL_HAVE_* definition through the caracal_options interface target.
 
 include(CheckLanguage)
+
+# caracal_optional_part(VAR FOUND DOC): VAR is a cache string, AUTO, ON or OFF. Sets the normal
+# variable VAR (which every directory below sees) to ON or OFF: AUTO follows FOUND; ON with
+# FOUND false stops the configure.
+function(caracal_optional_part var found doc)
+  set(${var} AUTO CACHE STRING "${doc}: AUTO (on when found), ON or OFF")
+  set_property(CACHE ${var} PROPERTY STRINGS AUTO ON OFF)
+  string(TOUPPER "$CACHE{${var}}" choice)
+  if(choice STREQUAL "AUTO")
+    set(on ${found})
+  elseif(choice MATCHES "^(ON|YES|TRUE|1)$")
+    set(on TRUE)
+  elseif(choice MATCHES "^(OFF|NO|FALSE|0)$")
+    set(on FALSE)
+  else()
+    message(FATAL_ERROR "${var} must be AUTO, ON or OFF, not '$CACHE{${var}}'")
+  endif()
+  if(on AND NOT found)
+    message(FATAL_ERROR "${var}=ON but ${doc} was not found")
+  endif()
+  if(on)
+    set(${var} ON PARENT_SCOPE)
+  else()
+    set(${var} OFF PARENT_SCOPE)
+  endif()
+endfunction()
 
 add_library(caracal_options INTERFACE)
 add_library(caracal::options ALIAS caracal_options)
@@ -9,15 +37,13 @@ add_library(caracal::options ALIAS caracal_options)
 # --- CUDA -----------------------------------------------------------------------------------
 check_language(CUDA)
 if(CMAKE_CUDA_COMPILER)
-  set(_caracal_cuda_default ON)
+  set(_caracal_cuda_found TRUE)
 else()
-  set(_caracal_cuda_default OFF)
+  set(_caracal_cuda_found FALSE)
 endif()
-option(CARACAL_WITH_CUDA "Build the CUDA accelerator" ${_caracal_cuda_default})
+caracal_optional_part(CARACAL_WITH_CUDA ${_caracal_cuda_found}
+                      "the CUDA accelerator (a CUDA compiler; set CUDACXX)")
 if(CARACAL_WITH_CUDA)
-  if(NOT CMAKE_CUDA_COMPILER)
-    message(FATAL_ERROR "CARACAL_WITH_CUDA=ON but no CUDA compiler was found (set CUDACXX)")
-  endif()
   # Named architectures: `native` fails on machines without a GPU. 90 = H100/H200.
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES 90)
@@ -34,18 +60,16 @@ endif()
 
 # --- DPDK -----------------------------------------------------------------------------------
 find_package(PkgConfig QUIET)
-set(_caracal_dpdk_default OFF)
+set(_caracal_dpdk_found FALSE)
 if(PkgConfig_FOUND)
   pkg_check_modules(DPDK QUIET IMPORTED_TARGET libdpdk)
   if(DPDK_FOUND)
-    set(_caracal_dpdk_default ON)
+    set(_caracal_dpdk_found TRUE)
   endif()
 endif()
-option(CARACAL_WITH_DPDK "Build the DPDK UDP port" ${_caracal_dpdk_default})
+caracal_optional_part(CARACAL_WITH_DPDK ${_caracal_dpdk_found}
+                      "the DPDK UDP port (pkg-config's libdpdk)")
 if(CARACAL_WITH_DPDK)
-  if(NOT DPDK_FOUND)
-    message(FATAL_ERROR "CARACAL_WITH_DPDK=ON but pkg-config finds no libdpdk")
-  endif()
   target_compile_definitions(caracal_options INTERFACE CARACAL_HAVE_DPDK=1)
 endif()
 
@@ -54,16 +78,13 @@ find_library(CARACAL_IBVERBS_LIB ibverbs)
 find_library(CARACAL_RDMACM_LIB rdmacm)
 find_path(CARACAL_RDMA_INCLUDE rdma/rdma_cma.h)
 if(CARACAL_IBVERBS_LIB AND CARACAL_RDMACM_LIB AND CARACAL_RDMA_INCLUDE)
-  set(_caracal_rdma_default ON)
+  set(_caracal_rdma_found TRUE)
 else()
-  set(_caracal_rdma_default OFF)
+  set(_caracal_rdma_found FALSE)
 endif()
-option(CARACAL_WITH_RDMA "Build the rdma transport (rdma-core: ibverbs + rdmacm)"
-       ${_caracal_rdma_default})
+caracal_optional_part(CARACAL_WITH_RDMA ${_caracal_rdma_found}
+                      "the rdma transport (rdma-core: libibverbs, librdmacm and their headers)")
 if(CARACAL_WITH_RDMA)
-  if(NOT _caracal_rdma_default)
-    message(FATAL_ERROR "CARACAL_WITH_RDMA=ON but libibverbs/librdmacm or their headers are missing")
-  endif()
   target_compile_definitions(caracal_options INTERFACE CARACAL_HAVE_RDMA=1)
 endif()
 

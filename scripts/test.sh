@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds and runs the tests.
 #
-#   scripts/test.sh                        # everything, normal build in build/
+#   scripts/test.sh                        # everything, Release build in build/
 #   scripts/test.sh --sanitize thread      # TSan build in build-thread/
 #   scripts/test.sh --sanitize address     # ASan+UBSan build in build-address/
 #   scripts/test.sh -L 'mqueue|accel'      # only these CTest labels, and only what they run is built
@@ -22,12 +22,15 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-scripts/deps.sh
+scripts/deps.sh test
 
 jobs=$(nproc)
-cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+# Every option this command relies on is set here, whatever an earlier configure of the same
+# build folder left in its cache (scripts/run.sh configures build/ without the tests).
+cmake_args=(-G Ninja -DCARACAL_BUILD_TESTS=ON)
 if [ -n "$sanitize" ]; then
   build="build-$sanitize"
+  cmake_args+=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
   # Sanitizer builds cover host code; the CUDA object and the benchmarks add nothing there.
   # They are built to run the tests, not to be fast: -Og and line tables only (what sanitizer
   # reports print) compile in half the time of -O2 -g (TSan) or a third (ASan+UBSan), and the
@@ -36,13 +39,21 @@ if [ -n "$sanitize" ]; then
                "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-Og -g1 -DNDEBUG")
   # The engine's stage profile is for benchmarks; the ASan+UBSan build compiles and runs it so
   # that code is checked too (it only adds timers and a report at exit).
-  case $sanitize in *address*) cmake_args+=(-DCARACAL_ENGINE_PROFILE=ON) ;; esac
+  case $sanitize in
+    *address*) cmake_args+=(-DCARACAL_ENGINE_PROFILE=ON) ;;
+    *) cmake_args+=(-DCARACAL_ENGINE_PROFILE=OFF) ;;
+  esac
 else
+  # build/ is scripts/run.sh's folder too, at the same build type, so that running one command
+  # after the other rebuilds nothing the first one built.
   build="build"
+  cmake_args+=(-DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_BENCH=ON -DCARACAL_SANITIZE=
+               -DCARACAL_ENGINE_PROFILE=OFF)
 fi
 
 build_args=()
-ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs" --timeout 600)
+# A run that finds no test fails: a test command that tests nothing must not pass.
+ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs" --timeout 600 --no-tests=error)
 if [ -n "$sanitize" ]; then
   # The rdma tests run in an emulated VM (scripts/rxe-vm.sh): sanitized, they would take far
   # too long there, and the VM's kernel, not this build, is what they exercise.

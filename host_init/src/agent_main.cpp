@@ -16,7 +16,7 @@ namespace {
 
 void set_up_logging(const std::string& level) {
   auto logger = spdlog::stderr_color_mt("agent");
-  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");  // as snic_server's
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(level));
 }

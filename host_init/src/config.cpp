@@ -97,7 +97,8 @@ RdmaAgentConfig parse_rdma(const Field& f, const AcceleratorSetting& accelerator
 }
 
 accel::CpuOptions parse_cpu(const Field& f) {
-  f.allow_only({"workers", "cpus", "burst", "idle_rounds_before_yield"});
+  f.allow_only({"workers", "cpus", "burst", "idle_rounds_before_yield", "idle_spin_us",
+                "idle_sleep_max_us"});
   accel::CpuOptions o;
   if (auto v = f.optional("workers")) o.workers = static_cast<uint32_t>(v->as_uint(1, 1024));
   if (auto v = f.optional("cpus")) {
@@ -109,6 +110,13 @@ accel::CpuOptions parse_cpu(const Field& f) {
   if (auto v = f.optional("burst")) o.burst = static_cast<uint32_t>(v->as_uint(1, 65536));
   if (auto v = f.optional("idle_rounds_before_yield")) {
     o.idle_rounds_before_yield = static_cast<uint32_t>(v->as_uint(0, UINT32_MAX));
+  }
+  if (auto v = f.optional("idle_spin_us")) {
+    o.idle_spin_us = static_cast<uint32_t>(v->as_uint(0, 1'000'000));
+  }
+  // Up to 100 ms: a request that comes while a worker sleeps waits up to this long.
+  if (auto v = f.optional("idle_sleep_max_us")) {
+    o.idle_sleep_max_us = static_cast<uint32_t>(v->as_uint(0, 100'000));
   }
   return o;
 }

@@ -6,11 +6,18 @@
 // from each queue it owns, then publishes its TX tail and its RX head once for the burst.
 // When a reply ring is full it stops taking requests from that queue (backpressure reaches the
 // SmartNIC as RX credits it does not get back) until the SmartNIC drains it.
+//
+// An idle worker backs off the way the server's engine does: it keeps polling at full speed for
+// a while after its last request, then sleeps between polls, longer each time up to a bound
+// (IdleBackoff), so an idle agent does not hold a core and a request that comes while it sleeps
+// waits at most that bound.
 #pragma once
 
 #include <pthread.h>
+#include <sys/prctl.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -33,8 +40,16 @@ struct CpuOptions {
   std::vector<int> cpus;
   // Requests taken from one queue before publishing and moving to the next queue.
   uint32_t burst = 32;
-  // Empty polling rounds before a worker yields its core once (0: never yield).
+  // While it spins, empty polling rounds before a worker yields its core once (0: never yield).
   uint32_t idle_rounds_before_yield = 256;
+  // How long a worker keeps polling at full speed after its last request before it starts to
+  // sleep between polls. Longer than the gaps of a client that keeps a request in flight, so
+  // such a client never waits for a wake-up.
+  uint32_t idle_spin_us = 200;
+  // The longest sleep between two polls of an idle worker: the most a request that arrives
+  // while the worker sleeps waits for it. The sleeps start at kFirstIdleSleepUs and double.
+  // 0: never sleep (spin forever; a core per worker while idle).
+  uint32_t idle_sleep_max_us = 1000;
 };
 
 // Counters a worker keeps (relaxed: read for reporting only).
@@ -43,6 +58,65 @@ struct WorkerStats {
   std::atomic<uint64_t> handler_errors{0};   // handler threw or overran its response buffer
   std::atomic<uint64_t> reply_ring_full{0};  // times a burst stopped on a full TX ring
   std::atomic<uint64_t> corrupt_entries{0};  // RX entries that failed validation (ring stopped)
+  std::atomic<uint64_t> idle_sleeps{0};      // sleeps between polls of an idle worker
+};
+
+// The idle policy of one worker (CpuOptions::idle_spin_us, idle_sleep_max_us): spin, yielding
+// now and then, for idle_spin_us after the last work, then sleep between polls, the sleep
+// doubling from kFirstIdleSleepUs to idle_sleep_max_us. Owned by its worker thread.
+class IdleBackoff {
+ public:
+  static constexpr uint32_t kFirstIdleSleepUs = 8;
+
+  explicit IdleBackoff(const CpuOptions& options)
+      : spin_(std::chrono::microseconds(options.idle_spin_us)),
+        sleep_max_us_(options.idle_sleep_max_us),
+        yield_rounds_(options.idle_rounds_before_yield) {}
+
+  // The worker found work: the next empty round starts a new spin.
+  void worked() {
+    rounds_ = 0;
+    sleep_us_ = 0;
+  }
+
+  // One empty round: a pause, a yield or a sleep. Returns whether it slept.
+  bool idle() {
+    using Clock = std::chrono::steady_clock;
+    if (rounds_ == 0) idle_since_ = Clock::now();
+    ++rounds_;
+    bool spinning;
+    if (sleep_max_us_ == 0) {
+      spinning = true;  // never sleeps
+    } else if (sleep_us_ != 0) {
+      spinning = false;  // already sleeping: until the next work
+    } else {
+      // The clock is read every 64 rounds: a few microseconds late against a spin of hundreds.
+      spinning = rounds_ % 64 != 0 || Clock::now() - idle_since_ < spin_;
+    }
+    if (spinning) {
+      if (yield_rounds_ != 0 && rounds_ % yield_rounds_ == 0) {
+        std::this_thread::yield();
+      } else {
+        mqueue::spin_pause();
+      }
+      return false;
+    }
+    sleep_us_ = sleep_us_ == 0 ? kFirstIdleSleepUs : sleep_us_ * 2;
+    if (sleep_us_ > sleep_max_us_) sleep_us_ = sleep_max_us_;
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
+    return true;
+  }
+
+  // The length of the last sleep in microseconds; 0 while spinning.
+  uint32_t sleep_us() const { return sleep_us_; }
+
+ private:
+  std::chrono::steady_clock::duration spin_;
+  uint32_t sleep_max_us_;
+  uint32_t yield_rounds_;
+  uint32_t rounds_ = 0;
+  uint32_t sleep_us_ = 0;  // the last sleep; 0 while spinning
+  std::chrono::steady_clock::time_point idle_since_{};
 };
 
 namespace detail {
@@ -81,6 +155,9 @@ class CpuAccelerator {
     for (uint32_t w = 0; w < options_.workers; ++w) {
       threads_.emplace_back([this, w, &pin_status, &started] {
         pthread_setname_np(pthread_self(), "caracal-cpu");
+        // An idle worker's sleeps are tens of microseconds at first: the default timer slack
+        // (50 us) would stretch each of them, and the wait of a request that comes meanwhile.
+        prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
         if (!options_.cpus.empty()) {
           pin_status[w] = detail::pin_current_thread(w, options_.cpus[w % options_.cpus.size()]);
         }
@@ -159,7 +236,7 @@ class CpuAccelerator {
     if constexpr (batch_of<H>() > 1) staging.resize(size_t{batch_of<H>()} * max_response);
     WorkerStats& stats = stats_[w];
 
-    uint32_t idle_rounds = 0;
+    IdleBackoff backoff(options_);
     uint32_t rounds = 0;
     for (;;) {
       uint32_t served = 0;
@@ -171,16 +248,14 @@ class CpuAccelerator {
           served += serve_batches(sq, handler, ctx, max_response, staging, stats);
         }
       }
-      // The stop word carries no data; checked every few thousand rounds, busy or idle.
+      // The stop word carries no data; checked every few thousand rounds, busy or idle, and
+      // after every sleep (a sleeping worker's rounds are up to idle_sleep_max_us long).
       if (++rounds % 2048 == 0 && region_.stop_requested()) break;
       if (served != 0) {
-        idle_rounds = 0;
-      } else if (options_.idle_rounds_before_yield != 0 &&
-                 ++idle_rounds >= options_.idle_rounds_before_yield) {
-        idle_rounds = 0;
-        std::this_thread::yield();
-      } else {
-        mqueue::spin_pause();
+        backoff.worked();
+      } else if (backoff.idle()) {
+        stats.idle_sleeps.fetch_add(1, std::memory_order_relaxed);
+        if (region_.stop_requested()) break;
       }
     }
   }

@@ -14,7 +14,8 @@
 //     region_memory: host          # host (default) or gpu: the regions in the GPU's memory,
 //                                  # written by the NIC with GPUDirect RDMA (accelerator gpu:N)
 //   log_level: info                # trace, debug, info, warn, error, off
-//   cpu: { workers: 1, cpus: [1], burst: 32, idle_rounds_before_yield: 256 }   # optional
+//   cpu: { workers: 1, cpus: [1], burst: 32, idle_rounds_before_yield: 256,   # optional
+//          idle_spin_us: 200, idle_sleep_max_us: 1000 }
 //   gpu: { workers: 0, block_threads: 128, burst: 32, busy_polls: 2048,        # optional
 //          idle_sleep_max_ns: 4096, stop_timeout_ms: 5000 }
 //   reconnect_interval_ms: 200     # between connection attempts while the server is away

@@ -179,7 +179,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
 
   bool on_hello(const control::Hello& hello) {
     if (!control::secrets_equal(hello.secret, ep_.config_.control.secret)) {
-      spdlog::warn("{}: agent '{}' refused: wrong secret", origin_, hello.agent);
+      SPDLOG_WARN("{}: agent '{}' refused: wrong secret", origin_, hello.agent);
       refuse_and_close("", "authentication failed: wrong secret");
       return false;
     }
@@ -280,8 +280,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
       ep_.rdma_reconnect_failures_.inc();
       const uint32_t attempt = st.attempts;
       schedule_reconnect(service);  // sets the wait before the next try
-      spdlog::warn("{}: {}: reconnect {} failed: {}; next try in {} ms", origin_, what, attempt,
-                   binding.status().message(), st.backoff.count());
+      SPDLOG_WARN("{}: {}: reconnect {} failed: {}; next try in {} ms", origin_, what, attempt,
+                  binding.status().message(), st.backoff.count());
       return;
     }
     if (admit(st.announce, st.service, std::move(binding), false)) {
@@ -301,7 +301,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     const std::string service = (*it)->service()->name();
     regions_.erase(it);
     if (detaching_ || !rdma_.contains(service)) return;
-    spdlog::warn(
+    SPDLOG_WARN(
         "{}: agent '{}' region for service '{}' left dispatch ({}); the agent is still "
         "registered: reconnecting",
         origin_, hello_.agent, service, fault);
@@ -331,7 +331,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
       if (first) {
         refuse_region(r.service, message);
       } else {
-        spdlog::error("{}: {}; not re-admitted", origin_, message);
+        SPDLOG_ERROR("{}: {}; not re-admitted", origin_, message);
       }
       return false;
     };
@@ -381,7 +381,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   }
 
   void refuse_region(const std::string& service, const std::string& message) {
-    spdlog::warn("{}: {}", origin_, message);
+    SPDLOG_WARN("{}: {}", origin_, message);
     send(control::Refused{service, message});
   }
 
@@ -418,7 +418,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   void lose(const std::string& reason) {
     if (closed_) return;
     if (!regions_.empty() || !rdma_.empty()) {
-      spdlog::warn("{}: agent '{}' lost: {}", origin_, hello_.agent, reason);
+      SPDLOG_WARN("{}: agent '{}' lost: {}", origin_, hello_.agent, reason);
     } else {
       spdlog::info("{}: {}", origin_, reason);
     }
@@ -434,7 +434,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   }
 
   void refuse_and_close(const std::string& service, const std::string& message) {
-    spdlog::warn("{}: {}", origin_, message);
+    SPDLOG_WARN("{}: {}", origin_, message);
     send(control::Refused{service, message});
     close_after_write_ = true;
     for (auto& region : regions_) {
@@ -548,7 +548,7 @@ void ControlEndpoint::accept() {
   acceptor_.async_accept(asio::make_strand(io_), [this](error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
     if (ec) {
-      spdlog::warn("control endpoint: accept failed: {}", ec.message());
+      SPDLOG_WARN("control endpoint: accept failed: {}", ec.message());
     } else {
       error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);

@@ -172,7 +172,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   // connects again.
   void fail_all(const std::string& reason) {
     const std::string text = where() + ": " + reason;
-    if (!waiting_.empty()) spdlog::warn("{} ({} call(s) failed)", text, waiting_.size());
+    if (!waiting_.empty()) SPDLOG_WARN("{} ({} call(s) failed)", text, waiting_.size());
     for (const uint64_t token : waiting_)
       answer(token, text, mqueue::kSlotError);
     waiting_.clear();

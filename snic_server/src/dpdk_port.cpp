@@ -639,7 +639,7 @@ void DpdkPort::stop() {
   // workers, so the pool is whole again.
   if (s.pool != nullptr) {
     const unsigned in_use = rte_mempool_in_use_count(s.pool);
-    if (in_use != 0) spdlog::warn("dpdk: {} mbuf(s) not returned to the pool at stop", in_use);
+    if (in_use != 0) SPDLOG_WARN("dpdk: {} mbuf(s) not returned to the pool at stop", in_use);
     rte_mempool_free(s.pool);
     s.pool = nullptr;
   }

@@ -867,7 +867,7 @@ void EngineThread::fail_region(Attached& a, const std::string& reason) {
     if (q < r.server_queues()) r.inbox(q).outstanding.store(0, std::memory_order_relaxed);
   }
   if (!lost.empty()) {
-    spdlog::warn("{}: {} request(s) in flight failed: {}", r.label(), lost.size(), reason);
+    SPDLOG_WARN("{}: {} request(s) in flight failed: {}", r.label(), lost.size(), reason);
   }
   for (auto& [token, submitted] : lost) {
     answer(r.service(), token, Reply{Reply::Kind::kError, reason}, submitted);
@@ -893,7 +893,7 @@ bool EngineThread::round(bool& busy) {
     }
     flush_replies();  // this region's replies go out before the next region is polled
     if (!fault.empty()) {
-      spdlog::error("{}: {}; the region is dropped", a.region->label(), fault);
+      SPDLOG_ERROR("{}: {}; the region is dropped", a.region->label(), fault);
       if (a.region->service() != nullptr) a.region->service()->remove(a.region.get());
       fail_region(a, "agent fault: " + fault);
       std::shared_ptr<AgentRegion> dropped = std::move(a.region);

@@ -152,8 +152,8 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   void begin() {
     token_base_ = shared_->replies.acquire(shared_from_this());
     if (!token_base_) {
-      spdlog::warn("{}: connection from {} refused: every reply slot is in use", shared_->name,
-                   peer_);
+      SPDLOG_WARN("{}: connection from {} refused: every reply slot is in use", shared_->name,
+                  peer_);
       shared_->stats.drop(DropReason::kReplySlots);
       close_now();
       return;
@@ -273,7 +273,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   // Malformed or oversize input: nothing after it can be framed, so the connection ends after
   // the replies before it (and an error reply, if the listener has one).
   void fail_stream(const std::string& reason) {
-    spdlog::warn("{}: closing the connection from {}: {}", shared_->name, peer_, reason);
+    SPDLOG_WARN("{}: closing the connection from {}: {}", shared_->name, peer_, reason);
     shared_->stats.drop(DropReason::kMalformed);
     closing_ = true;
     read_done_ = true;
@@ -336,7 +336,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
             frame(*text);
           } else {
             if (!fatal) {
-              spdlog::warn(
+              SPDLOG_WARN(
                   "{}: closing the connection from {}: a request failed ({}) and the "
                   "listener has no error_reply",
                   shared_->name, peer_, p.reply.bytes);
@@ -474,7 +474,7 @@ class TcpListener final : public Listener {
           if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
           if (ec) {
             // Out of descriptors, for instance: log and keep accepting.
-            spdlog::warn("{}: accept failed: {}", shared_->name, ec.message());
+            SPDLOG_WARN("{}: accept failed: {}", shared_->name, ec.message());
           } else {
             const uint64_t id = ++next_id_;
             auto c = std::make_shared<TcpConnection>(shared_, std::move(socket), id);
@@ -678,7 +678,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
         "that find a full buffer are dropped by the kernel",
         name_, want, rcv_usable, snd_usable);
     if (config_.socket_buffer_set) {
-      spdlog::warn("{}", text);
+      SPDLOG_WARN("{}", text);
     } else {
       spdlog::info("{}", text);
     }

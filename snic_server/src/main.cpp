@@ -1,5 +1,6 @@
 // snic_server: serves the services of a YAML config to TCP and UDP clients with the handlers
 // of the agents that register with it.
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +13,7 @@
 #endif
 
 #include "caracal/server/config.hpp"
+#include "caracal/server/log_summary.hpp"
 #include "caracal/server/server.hpp"
 
 #ifndef CARACAL_VERSION
@@ -63,6 +65,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string level = log_level.empty() ? config.log_level : log_level;
+  // Warnings repeated from one place are summarised once a second (log_summary.hpp); the
+  // periodic flush (below) writes a summary that no later line brings out.
+  auto summary = std::make_shared<caracal::server::RepeatSummarySink>();
+  summary->add_sink(std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("snic_server", summary));
   spdlog::set_level(spdlog::level::from_str(level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
 
@@ -74,11 +81,13 @@ int main(int argc, char** argv) {
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (!ec) received = sig;
   });
+  spdlog::flush_every(std::chrono::seconds(1));  // a thread: after the signal_set, as above
 
   caracal::server::Server server(config);
   if (caracal::Status s = server.start(); !s.ok()) {
-    spdlog::error("{}", s.message());
+    SPDLOG_ERROR("{}", s.message());
     server.stop();
+    summary->summarise_now();
     return 1;
   }
   const std::string engine = config.engine_threads == 0
@@ -92,6 +101,7 @@ int main(int argc, char** argv) {
   spdlog::info("{} received: draining requests in flight",
                received == SIGINT ? "SIGINT" : "SIGTERM");
   server.stop();
+  summary->summarise_now();
   spdlog::info("stopped");
   return 0;
 }

@@ -174,8 +174,8 @@ void MetricsServer::State::accept() {
                             return;
                           if (ec) {
                             // Out of descriptors, for instance: keep serving once some are free.
-                            spdlog::warn("metrics: accept on port {} failed: {}; retrying",
-                                         self->port.load(), ec.message());
+                            SPDLOG_WARN("metrics: accept on port {} failed: {}; retrying",
+                                        self->port.load(), ec.message());
                             self->retry_timer.expires_after(kAcceptRetry);
                             self->retry_timer.async_wait([self](beast::error_code wait_ec) {
                               if (!wait_ec && self->acceptor.is_open()) self->accept();

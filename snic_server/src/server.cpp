@@ -112,8 +112,8 @@ void Server::stop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (engine_.in_flight() > 0) {
-    spdlog::warn("{} request(s) still in flight after {} ms; failing them", engine_.in_flight(),
-                 options_.drain.count());
+    SPDLOG_WARN("{} request(s) still in flight after {} ms; failing them", engine_.in_flight(),
+                options_.drain.count());
   }
   // 3. Agents are dropped, the engine fails what is left, connections close once written.
   if (control_) control_->stop();

@@ -275,6 +275,14 @@ YAML
   [ -n "$UDP_PORT" ] && [ -n "$TCP_PORT" ] || { echo "run.sh: no ports for $server" >&2; return 1; }
 }
 
+# perf_command CTL_FD ACK_FD COMMAND: sends a command to `perf record --control` and waits up
+# to 30 s for its ack.
+perf_command() {
+  local reply=
+  echo "$3" >&"$1"
+  read -r -t 30 reply <&"$2" && [ "$reply" = ack ]
+}
+
 # point SERVER HANDLER PROTO SIZE KIND LOADGEN_ARGS...: one loadgen run, with the server's
 # CPU use over it; appends a line to points.jsonl.
 point() {
@@ -285,14 +293,23 @@ point() {
   local name="$server-$handler-$proto-$size-$kind${ROUND:+-$ROUND}"
   local t0 t1 w0 w1 rc threads_before threads="{}"
   [ "$kind" = saturation ] && threads_before=$(thread_ticks)
-  local perf_pid=
+  local perf_pid= perf_ctl= perf_ack=
   if [ -n "${PERF:-}" ] && [ "$kind" = saturation ]; then
-    # After the warm-up, for most of the measured window.
-    local pids
+    # perf starts with sampling off and answers a ping once it is attached; only then does the
+    # load start, and sampling is turned on after the warm-up and off when the load ends. (It
+    # slept through the warm-up and then attached on its own time: on a loaded machine that
+    # was after a short run had ended, and it sampled an idle server.)
+    local pids fifo="$RAW/$name.perf"
     pids=$(IFS=,; echo "${SERVER_PIDS[*]}")
-    (sleep "$WARMUP"; exec "$PERF" record -q -e cpu-clock -g -F 2999 -p "$pids" -o "$RAW/$name.perf.data" \
-      -- sleep "$(awk -v d="$DURATION" 'BEGIN { print d * 0.8 }')") >"$RAW/$name-perf.log" 2>&1 &
+    rm -f "$fifo.ctl" "$fifo.ack"
+    mkfifo "$fifo.ctl" "$fifo.ack"
+    "$PERF" record -q -e cpu-clock -g -F 2999 -D -1 --control "fifo:$fifo.ctl,$fifo.ack" \
+      -p "$pids" -o "$RAW/$name.perf.data" >"$RAW/$name-perf.log" 2>&1 &
     perf_pid=$!
+    # Read-write opens of a FIFO do not wait for the other end.
+    exec {perf_ctl}<>"$fifo.ctl" {perf_ack}<>"$fifo.ack"
+    perf_command "$perf_ctl" "$perf_ack" ping ||
+      log "$name: perf did not answer (see raw/$name-perf.log)"
   fi
   local hold_before=
   [ "$HOLDING" = 1 ] && hold_before=$(hold_stat)
@@ -301,12 +318,21 @@ point() {
   "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
     --warmup "$WARMUP" --duration "$DURATION" --json "$RAW/$name.json" --label "$name" \
     $LOADGEN_ARGS "$@" \
-    >"$RAW/$name.out" 2>&1
-  rc=$?
+    >"$RAW/$name.out" 2>&1 &
+  local loadgen_pid=$!
+  if [ -n "$perf_pid" ]; then
+    sleep "$WARMUP"
+    perf_command "$perf_ctl" "$perf_ack" enable || log "$name: perf did not start sampling"
+  fi
+  rc=0
+  wait "$loadgen_pid" || rc=$?
   w1=$(date +%s.%N)
   t1=$(ticks)
   if [ -n "$perf_pid" ]; then
-    wait "$perf_pid"
+    perf_command "$perf_ctl" "$perf_ack" stop || kill -INT "$perf_pid" 2>/dev/null
+    wait "$perf_pid" || true
+    exec {perf_ctl}>&- {perf_ack}<&-
+    rm -f "$fifo.ctl" "$fifo.ack"
     # The flat profile, then where the symbols above 3% were called from.
     { "$PERF" report -i "$RAW/$name.perf.data" --stdio --no-children -g none --percent-limit 0.3 \
         --sort comm,dso,sym

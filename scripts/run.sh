@@ -83,7 +83,8 @@ agent=$!
 # Ready when the server counts the agent as registered.
 ready=0
 for _ in $(seq 100); do
-  if curl -fs "http://$metrics/metrics" 2>/dev/null | grep -q '^caracal_agents 1'; then
+  # Read whole, then matched: grep -q would close the pipe on curl, which pipefail reports.
+  if [[ "$(curl -fs "http://$metrics/metrics" 2>/dev/null)" == *$'\ncaracal_agents 1'* ]]; then
     ready=1
     break
   fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main command as a newcomer runs it, on the clean clone CI starts from:
 # scripts/run.sh installs what it needs, builds, starts snic_server and the echo agent, and
-# serves; one request over TCP and one over UDP get their echo. Then, on the same build:
+# serves; one request over TCP and one over UDP get their echo, and scripts/served.sh counts a
+# sockperf run's requests as received and answered. Then, on the same build:
 # SIGINT and SIGTERM each stop both processes with exit 0, and an agent killed with SIGKILL is
 # reported and the server stopped, with exit 1. Every wait is bounded.
 set -euo pipefail
@@ -60,10 +61,17 @@ tcp=$(echo hello | timeout 10 nc -q1 127.0.0.1 7002) || true
 [ "$tcp" = hello ] || fail "TCP 7002 answered '$tcp', not 'hello'"
 udp=$(echo hello | timeout 10 socat -T2 - UDP:127.0.0.1:7000) || true
 [ "$udp" = hello ] || fail "UDP 7000 answered '$udp', not 'hello'"
+# The README's way to read what the server served under a client's load.
+scripts/served.sh -- sockperf ping-pong -i 127.0.0.1 -p 7000 -m 64 -t 1 >"$work/served" 2>&1 ||
+  { cat "$work/served"; fail "served.sh around sockperf failed"; }
+received=$(sed -nE 's/^  received +([0-9]+) requests$/\1/p' "$work/served")
+answered=$(sed -nE 's/^  answered +([0-9]+) .*/\1/p' "$work/served")
+[ "${received:-0}" -gt 0 ] && [ "$received" = "$answered" ] ||
+  { cat "$work/served"; fail "served.sh: received '$received', answered '$answered'"; }
 kill -INT "$run"
 finish 0
 grep -q 'SIGINT: stopping the server and the agent' "$work/out" || fail "no word of SIGINT"
-echo "ok: served TCP and UDP; SIGINT stopped both"
+echo "ok: served TCP and UDP, and $answered sockperf requests by served.sh; SIGINT stopped both"
 
 start 120
 kill -TERM "$run"

@@ -19,7 +19,7 @@
 # Env: RXE_VM_CACHE      kernel cache (default ${XDG_CACHE_HOME:-$HOME/.cache}/caracal/rxe-vm);
 #                        prepared once, then shared by every run (flock)
 #      RXE_VM_KERNEL_DEB use this linux-image-*.deb instead of `apt-get download`
-# Host needs (scripts/deps.sh installs them): qemu-system-x86, busybox-static, ibverbs-utils,
+# Host needs (scripts/deps.sh test installs them): qemu-system-x86, busybox-static, ibverbs-utils,
 #   rdmacm-utils, ibverbs-providers, iproute2, perftest (optional: ib_*_lat), gzip, util-linux
 #   (flock), apt (to fetch the kernel once). Root is not needed.
 #

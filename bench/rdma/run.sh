@@ -17,7 +17,7 @@ build=build-bench
 results=${RESULTS_DIR:-bench/results}
 jobs=${JOBS:-2}
 
-scripts/deps.sh
+scripts/deps.sh test
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_WITH_CUDA=OFF \
   -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=ON >/dev/null
 ninja -C "$build" -j "$jobs" caracal_rdma_bench

@@ -15,7 +15,7 @@
 set -euo pipefail
 BUILD=$(realpath "${1:?build directory}")
 SRC=$(realpath "${2:?source directory}")
-command -v python3 >/dev/null || { echo "python3 is missing (scripts/deps.sh)"; exit 77; }
+command -v python3 >/dev/null || { echo "python3 is missing (scripts/deps.sh test)"; exit 77; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 PERF=""

@@ -31,7 +31,7 @@ if [ -z "${CARACAL_DPDK_NETNS:-}" ]; then
   }
   [ "$(id -u)" -eq 0 ] || skip "the DPDK tests need root (network namespaces, raw sockets)"
   for tool in ip ethtool sockperf curl python3; do
-    command -v "$tool" >/dev/null 2>&1 || skip "$tool is not installed (scripts/deps.sh installs it)"
+    command -v "$tool" >/dev/null 2>&1 || skip "$tool is not installed (scripts/deps.sh test installs it)"
   done
   server_bin="${1:?build directory}/snic_server/snic_server"
   probe=$(mktemp)

@@ -66,7 +66,7 @@ trap cleanup EXIT
 need() {
   for tool in "$@"; do
     if ! command -v "$tool" >/dev/null 2>&1; then
-      echo "SKIP: $tool is not installed (scripts/deps.sh installs it)"
+      echo "SKIP: $tool is not installed (scripts/deps.sh test installs it)"
       exit 77
     fi
   done

@@ -8,6 +8,9 @@
 # stops the other and exits non-zero. Ctrl-C (SIGINT) or SIGTERM stops both, and it exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  -h | --help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 
 scripts/deps.sh run
 

@@ -58,7 +58,7 @@ if [ "$only_bench" -eq 0 ]; then
   step gpu-tests timeout 600 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300
   sanitize() {  # sanitize TOOL: the accelerator tests with few messages under compute-sanitizer
     CARACAL_GPU_TEST_MESSAGES=40 timeout 900 compute-sanitizer --tool "$1" --error-exitcode 1 \
-      "$BUILD/tests/gpu/caracal_gpu_accel_test" --gtest_filter='-GpuDevice.*:GpuErrors.Workers*:GpuFault.*'
+      "$BUILD/tests/accel/caracal_gpu_accel_test" --gtest_filter='-GpuDevice.*:GpuErrors.Workers*:GpuFault.*'
   }
   step memcheck sanitize memcheck
   step racecheck sanitize racecheck

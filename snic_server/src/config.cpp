@@ -266,9 +266,9 @@ ServerConfig parse_server_config(const Field& root) {
   if (auto v = root.optional("io_threads"))
     c.io_threads = static_cast<uint32_t>(v->as_uint(1, 256));
   // Without the key: the engine in the I/O threads where each can host one, which took fewer
-  // cores and less latency than engine threads of their own on the GPU machine, for about a
-  // fifth less small-message throughput over TCP
-  // (bench/results/experiments/engine-default-h200/), else one engine thread.
+  // cores and less latency than engine threads of their own on the GPU machine, for less
+  // small-message throughput over TCP (bench/results/EXPERIMENTS.md, engine-default-h200), else
+  // one engine thread.
   c.engine_threads = c.io_threads <= kMaxEngineThreads ? 0 : 1;
   if (auto v = root.optional("engine_threads")) {
     c.engine_threads = static_cast<uint32_t>(v->as_uint(0, kMaxEngineThreads));

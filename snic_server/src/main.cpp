@@ -25,9 +25,9 @@ namespace {
 // Every request and reply is a heap buffer that one thread allocates and another frees (an I/O
 // thread and the engine, both ways). With glibc's defaults, a free that leaves more than
 // 128 KiB at the top of an arena gives the pages back to the kernel, and the next allocations
-// fault them in again: at 16 KiB messages the engine thread took about one page fault per three
-// replies, a fifth of its time (bench/results/experiments/engine-16k-h200). The server keeps
-// up to 64 MiB free per arena instead, and buffers below 1 MiB stay off mmap.
+// fault them in again, which at 16 KiB messages cost the engine thread a large share of its time
+// (bench/results/EXPERIMENTS.md, engine-16k-h200). The server keeps up to 64 MiB free per arena
+// instead, and buffers below 1 MiB stay off mmap.
 void keep_freed_memory() {
 #ifdef __GLIBC__
   mallopt(M_TRIM_THRESHOLD, 64 << 20);

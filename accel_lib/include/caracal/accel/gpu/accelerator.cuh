@@ -38,10 +38,9 @@
 // reading across PCIe at full rate. The stop word is read every kStopCheckRounds rounds when
 // busy and every kSleepingStopCheckRounds rounds when sleeping (a few hundred microseconds at
 // the longest sleep); client calls check it while they wait. Read every round by every idle
-// worker, the one shared word slowed the busy workers' reads across PCIe: with 15 idle queues
-// and one busy, a request's round trip went from 3.5 to 16 us on an H200
-// (bench/results/experiments/rx-lines-h200/pollers/). stop() raises it
-// and waits (bounded) for the kernel to return.
+// worker, the one shared word slowed the busy workers' reads across PCIe, with idle queues next
+// to a busy one (bench/results/EXPERIMENTS.md, rx-lines-h200). stop() raises it and waits
+// (bounded) for the kernel to return.
 #pragma once
 
 #if !defined(__CUDACC__)

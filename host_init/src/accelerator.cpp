@@ -28,7 +28,7 @@ Status check_accelerator_available(const AcceleratorSetting& setting,
 
 Result<AcceleratorChoice> resolve_accelerator(const AcceleratorSetting& setting,
                                               const HandlerBackends& backends) {
-  if (Status s = check_accelerator_available(setting, backends); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(check_accelerator_available(setting, backends));
   switch (setting.kind) {
     case AcceleratorKind::kGpu:
       return AcceleratorChoice{AcceleratorKind::kGpu, setting.gpu};

@@ -399,7 +399,7 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
       service.geometry(accelerator.kind == AcceleratorKind::kGpu && !in_device_memory,
                        config.transport == TransportKind::kShm);
   if (in_device_memory) {
-    if (Status s = start_in_device_memory(service, epoch, served); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(start_in_device_memory(service, epoch, served));
   } else if (config.transport == TransportKind::kShm) {
     const std::string name = region_shm_name(config.agent, pid, service.name);
     Result<NamedShmRegion> region = NamedShmRegion::create(name, geometry, epoch);
@@ -412,7 +412,7 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
   } else {
     // rdma: the region in host memory (a memfd mapping, so it shows in /proc/PID/fd), written
     // before the exporter registers it and before the announcement: plain stores suffice.
-    if (Status s = mqueue::validate_geometry(geometry); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(mqueue::validate_geometry(geometry));
     const mqueue::RegionHeader header = mqueue::compute_layout(geometry, epoch);
     Result<mqueue::ShmMapping> m = mqueue::ShmMapping::create_memfd(
         "caracal-" + config.agent + "-" + service.name, header.region_bytes);

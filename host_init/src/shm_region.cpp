@@ -67,7 +67,7 @@ Status NamedShmRegion::unlink() {
 Result<NamedShmRegion> NamedShmRegion::create(const std::string& name,
                                               const mqueue::RegionGeometry& geometry,
                                               uint64_t epoch) {
-  if (Status s = mqueue::validate_geometry(geometry); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(mqueue::validate_geometry(geometry));
   const mqueue::RegionHeader header = mqueue::compute_layout(geometry, epoch);
 
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

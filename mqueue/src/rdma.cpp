@@ -189,20 +189,14 @@ Result<std::unique_ptr<RdmaTransport>> RdmaTransport::connect(const RdmaConnectO
                   where + ": rdma_resolve_addr: " + errno_text(resolve_errno) +
                       " (no RDMA device reaches that address?)");
   }
-  if (Status s = expect_cm_event(t->channel_, RDMA_CM_EVENT_ADDR_RESOLVED, deadline,
-                                 where + ": resolving the address");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(expect_cm_event(t->channel_, RDMA_CM_EVENT_ADDR_RESOLVED, deadline,
+                                          where + ": resolving the address"));
   if (rdma_resolve_route(t->id_, static_cast<int>(std::max<int64_t>(remaining_ms(deadline), 1))) !=
       0) {
     return Status(StatusCode::kUnavailable, where + ": rdma_resolve_route: " + errno_text(errno));
   }
-  if (Status s = expect_cm_event(t->channel_, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline,
-                                 where + ": resolving the route");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(expect_cm_event(t->channel_, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline,
+                                          where + ": resolving the route"));
 
   ibv_context* verbs = t->id_->verbs;
   const std::string device = ibv_get_device_name(verbs->device);
@@ -286,14 +280,11 @@ Result<std::unique_ptr<RdmaTransport>> RdmaTransport::connect(const RdmaConnectO
   if (rdma_connect(t->id_, &param) != 0) {
     return Status(StatusCode::kUnavailable, where + ": rdma_connect: " + errno_text(errno));
   }
-  if (Status s =
-          expect_cm_event(t->channel_, RDMA_CM_EVENT_ESTABLISHED, deadline, where + ": connecting");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      expect_cm_event(t->channel_, RDMA_CM_EVENT_ESTABLISHED, deadline, where + ": connecting"));
   t->connected_ = true;
   t->peer_ += " qp " + std::to_string(t->id_->qp->qp_num);
-  if (Status s = set_nonblocking(t->channel_->fd, where); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(set_nonblocking(t->channel_->fd, where));
 
   t->in_flight_.resize(t->sq_depth_);
   t->wrs_.resize(t->post_batch_);
@@ -603,7 +594,7 @@ Result<std::unique_ptr<RdmaRegionExporter>> RdmaRegionExporter::listen(const Rdm
     return Status(StatusCode::kUnavailable,
                   where + ": ibv_create_cq(" + device + "): " + errno_text(errno));
   }
-  if (Status s = set_nonblocking(x->channel_->fd, where); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(set_nonblocking(x->channel_->fd, where));
   return x;
 }
 

@@ -129,7 +129,7 @@ void initialize_region(std::byte* base, const RegionHeader& header) {
 
 Result<ShmMapping> create_shm_region(const RegionGeometry& geometry, uint64_t epoch,
                                      const std::string& label) {
-  if (Status s = validate_geometry(geometry); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(validate_geometry(geometry));
   const RegionHeader header = compute_layout(geometry, epoch);
   Result<ShmMapping> m = ShmMapping::create_memfd(label, header.region_bytes);
   if (!m.ok()) return m;

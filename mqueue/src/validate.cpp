@@ -79,11 +79,9 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
     return bad_field("control_line_bytes", h.control_line_bytes,
                      "must be " + std::to_string(kControlLineBytes));
   }
-  if (Status s = check_geometry("slot_bytes", h.slot_bytes, "ring_capacity", h.ring_capacity,
-                                h.server_queue_count, h.client_queue_count, h.max_message_bytes);
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(check_geometry("slot_bytes", h.slot_bytes, "ring_capacity",
+                                         h.ring_capacity, h.server_queue_count,
+                                         h.client_queue_count, h.max_message_bytes));
   if (h.region_bytes > mapped_bytes) {
     return bad_field("region_bytes", h.region_bytes,
                      "larger than the " + std::to_string(mapped_bytes) + " bytes mapped");

@@ -465,7 +465,7 @@ const std::string& DpdkPort::description() const {
 
 Result<std::unique_ptr<DpdkPort>> DpdkPort::open(const DpdkConfig& config, ReplyTable& replies,
                                                  Registry& metrics) {
-  if (Status st = init_eal(config); !st.ok()) return st;
+  CARACAL_RETURN_IF_ERROR(init_eal(config));
   auto state = std::make_shared<DpdkPortState>(config, replies, metrics);
   std::unique_ptr<DpdkPort> port(new DpdkPort(state));  // stop() cleans up on failure
   DpdkPortState& s = *state;

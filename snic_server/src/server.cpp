@@ -59,7 +59,7 @@ Status Server::start() {
     for (const ListenerConfig& l : s->config().listeners) {
       ListenerDeps deps{io_, *s, replies_, metrics_, dpdk_.get(), config_.engine_threads == 0};
       std::unique_ptr<Listener> listener = make_listener(l, deps);
-      if (Status st = listener->start(); !st.ok()) return st;
+      CARACAL_RETURN_IF_ERROR(listener->start());
       spdlog::info("service {}: listening on {} (port {})", s->name(), listener->name(),
                    listener->port());
       listeners_[s->name()].push_back(std::move(listener));
@@ -67,21 +67,18 @@ Status Server::start() {
   }
   control_ = std::make_unique<ControlEndpoint>(io_.main(), config_, engine_, by_name,
                                                *destinations_, metrics_);
-  if (Status st = control_->listen(); !st.ok()) return st;
+  CARACAL_RETURN_IF_ERROR(control_->listen());
   spdlog::info("control endpoint on {} (port {})", config_.control.listen.str(), control_->port());
   if (config_.metrics_listen) {
     metrics_server_ = std::make_unique<MetricsServer>(io_.main(), metrics_);
-    if (Status st =
-            metrics_server_->listen(config_.metrics_listen->host, config_.metrics_listen->port);
-        !st.ok()) {
-      return st;
-    }
+    CARACAL_RETURN_IF_ERROR(
+        metrics_server_->listen(config_.metrics_listen->host, config_.metrics_listen->port));
     spdlog::info("metrics on http://{}:{}/metrics", config_.metrics_listen->host,
                  metrics_server_->port());
   }
   engine_.start();
   if (dpdk_) {
-    if (Status st = dpdk_->run(); !st.ok()) return st;
+    CARACAL_RETURN_IF_ERROR(dpdk_->run());
   }
   const bool hosted = config_.engine_threads == 0;
   for (size_t i = 0; i < io_.size(); ++i) {

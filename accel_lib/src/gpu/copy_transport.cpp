@@ -12,27 +12,18 @@ Result<CopyEngineTransport> CopyEngineTransport::create(std::byte* device_base, 
   t.device_ = device_base;
   t.bytes_ = bytes;
   void* staging = nullptr;
-  if (Status s = cuda_status(
-          cudaHostAlloc(&staging, bytes, cudaHostAllocDefault),
-          "copy-engine transport: pinned staging of " + std::to_string(bytes) + " bytes");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaHostAlloc(&staging, bytes, cudaHostAllocDefault),
+                  "copy-engine transport: pinned staging of " + std::to_string(bytes) + " bytes"));
   t.staging_ = static_cast<std::byte*>(staging);
   void* cells = nullptr;
-  if (Status s =
-          cuda_status(cudaHostAlloc(&cells, kIndexCells * sizeof(uint32_t), cudaHostAllocDefault),
-                      "copy-engine transport: pinned index cells");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaHostAlloc(&cells, kIndexCells * sizeof(uint32_t), cudaHostAllocDefault),
+                  "copy-engine transport: pinned index cells"));
   t.cells_ = static_cast<uint32_t*>(cells);
   t.cell_ticket_.assign(kIndexCells, 0);
-  if (Status s = cuda_status(cudaStreamCreateWithFlags(&t.stream_, cudaStreamNonBlocking),
-                             "copy-engine transport: stream");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&t.stream_, cudaStreamNonBlocking),
+                                      "copy-engine transport: stream"));
   return t;
 }
 

@@ -35,12 +35,9 @@ template <class Fn>
 Result<Fn> driver_function(const char* symbol, int version) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  if (Status s = cuda_status(
-          cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found),
-          std::string("looking up ") + symbol);
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found),
+                  std::string("looking up ") + symbol));
   if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
     return Status(StatusCode::kUnavailable,
                   std::string("the CUDA driver has no ") + symbol + " (driver too old?)");
@@ -82,13 +79,11 @@ std::string DeviceInfo::str() const {
 }
 
 Result<DeviceInfo> describe_device(int device) {
-  if (Status s = use_device(device); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(use_device(device));
   cudaDeviceProp prop{};
-  if (Status s = cuda_status(cudaGetDeviceProperties(&prop, device),
-                             "gpu:" + std::to_string(device) + ": cudaGetDeviceProperties");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaGetDeviceProperties(&prop, device),
+                  "gpu:" + std::to_string(device) + ": cudaGetDeviceProperties"));
   DeviceInfo info;
   info.index = device;
   info.name = prop.name;
@@ -115,14 +110,11 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 Result<DeviceBuffer> DeviceBuffer::allocate(uint64_t bytes, const std::string& what) {
   DeviceBuffer b;
   void* p = nullptr;
-  if (Status s = cuda_status(cudaMalloc(&p, bytes),
-                             what + ": cudaMalloc of " + std::to_string(bytes) + " bytes");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(cuda_status(
+      cudaMalloc(&p, bytes), what + ": cudaMalloc of " + std::to_string(bytes) + " bytes"));
   b.data_ = static_cast<std::byte*>(p);
   b.size_ = bytes;
-  if (Status s = cuda_status(cudaMemset(p, 0, bytes), what + ": cudaMemset"); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(cuda_status(cudaMemset(p, 0, bytes), what + ": cudaMemset"));
   return b;
 }
 
@@ -143,20 +135,15 @@ MappedBuffer& MappedBuffer::operator=(MappedBuffer&& o) noexcept {
 Result<MappedBuffer> MappedBuffer::allocate(uint64_t bytes, const std::string& what) {
   MappedBuffer b;
   void* host = nullptr;
-  if (Status s = cuda_status(cudaHostAlloc(&host, bytes, cudaHostAllocMapped),
-                             what + ": cudaHostAlloc of " + std::to_string(bytes) + " bytes");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaHostAlloc(&host, bytes, cudaHostAllocMapped),
+                  what + ": cudaHostAlloc of " + std::to_string(bytes) + " bytes"));
   b.m_.host = static_cast<std::byte*>(host);
   b.m_.size = bytes;
   std::fill(b.m_.host, b.m_.host + bytes, std::byte{0});
   void* dev = nullptr;
-  if (Status s =
-          cuda_status(cudaHostGetDevicePointer(&dev, host, 0), what + ": cudaHostGetDevicePointer");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaHostGetDevicePointer(&dev, host, 0), what + ": cudaHostGetDevicePointer"));
   b.m_.device = static_cast<std::byte*>(dev);
   return b;
 }
@@ -181,12 +168,9 @@ Result<MappedHostRange> MappedHostRange::register_range(std::byte* host, uint64_
                             " bytes at a range that is not page-aligned");
   }
   MappedHostRange r;
-  if (Status s = cuda_status(
-          cudaHostRegister(host, bytes, cudaHostRegisterMapped),
-          "cudaHostRegister of " + std::to_string(bytes) + " bytes of shared memory (mapped)");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(cuda_status(
+      cudaHostRegister(host, bytes, cudaHostRegisterMapped),
+      "cudaHostRegister of " + std::to_string(bytes) + " bytes of shared memory (mapped)"));
   r.m_.host = host;
   r.m_.size = bytes;
   void* dev = nullptr;
@@ -214,11 +198,8 @@ Stream& Stream::operator=(Stream&& o) noexcept {
 
 Result<Stream> Stream::create(const std::string& what) {
   Stream s;
-  if (Status st = cuda_status(cudaStreamCreateWithFlags(&s.stream_, cudaStreamNonBlocking),
-                              what + ": cudaStreamCreateWithFlags");
-      !st.ok()) {
-    return st;
-  }
+  CARACAL_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&s.stream_, cudaStreamNonBlocking),
+                                      what + ": cudaStreamCreateWithFlags"));
   return s;
 }
 
@@ -257,40 +238,29 @@ std::string RdmaCapabilities::str() const {
 }
 
 Result<RdmaCapabilities> query_rdma_capabilities(int device) {
-  if (Status s = use_device(device); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(use_device(device));
   const std::string who = "gpu:" + std::to_string(device) + ": ";
   RdmaCapabilities caps;
   int rdma = 0;
-  if (Status s =
-          cuda_status(cudaDeviceGetAttribute(&rdma, cudaDevAttrGPUDirectRDMASupported, device),
-                      who + "GPUDirect RDMA support");
-      !s.ok()) {
-    return s;
-  }
-  if (Status s = cuda_status(cudaDeviceGetAttribute(&caps.writes_ordering,
-                                                    cudaDevAttrGPUDirectRDMAWritesOrdering, device),
-                             who + "GPUDirect RDMA writes ordering");
-      !s.ok()) {
-    return s;
-  }
-  if (Status s =
-          cuda_status(cudaDeviceGetAttribute(&caps.flush_options,
-                                             cudaDevAttrGPUDirectRDMAFlushWritesOptions, device),
-                      who + "GPUDirect RDMA flush options");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaDeviceGetAttribute(&rdma, cudaDevAttrGPUDirectRDMASupported, device),
+                  who + "GPUDirect RDMA support"));
+  CARACAL_RETURN_IF_ERROR(cuda_status(
+      cudaDeviceGetAttribute(&caps.writes_ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, device),
+      who + "GPUDirect RDMA writes ordering"));
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaDeviceGetAttribute(&caps.flush_options,
+                                         cudaDevAttrGPUDirectRDMAFlushWritesOptions, device),
+                  who + "GPUDirect RDMA flush options"));
   // dma-buf support has no runtime attribute: ask the driver.
   Result<PFN_cuDeviceGetAttribute_v2000> get_attribute =
       driver_function<PFN_cuDeviceGetAttribute_v2000>("cuDeviceGetAttribute", 2000);
   if (!get_attribute.ok()) return get_attribute.status();
   int dmabuf = 0;
-  if (Status s = driver_status((*get_attribute)(&dmabuf, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
-                                                static_cast<CUdevice>(device)),
-                               who + "CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      driver_status((*get_attribute)(&dmabuf, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+                                     static_cast<CUdevice>(device)),
+                    who + "CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED"));
   caps.gpudirect_rdma = rdma != 0;
   caps.dma_buf = dmabuf != 0;
   return caps;
@@ -325,8 +295,8 @@ Status check_rdma_capabilities(const RdmaCapabilities& caps, int device) {
 
 Result<DeviceRegion> DeviceRegion::create(int device, const mqueue::RegionGeometry& geometry,
                                           uint64_t epoch) {
-  if (Status s = mqueue::validate_geometry(geometry); !s.ok()) return s;
-  if (Status s = use_device(device); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(mqueue::validate_geometry(geometry));
+  CARACAL_RETURN_IF_ERROR(use_device(device));
   DeviceRegion r;
   r.device_ = device;
   r.header_ = mqueue::compute_layout(geometry, epoch);
@@ -340,12 +310,9 @@ Result<DeviceRegion> DeviceRegion::create(int device, const mqueue::RegionGeomet
   const uint64_t init_bytes = r.header_.rings_offset;
   std::vector<std::byte> image(init_bytes, std::byte{0});
   mqueue::initialize_region(image.data(), r.header_);  // writes below rings_offset only
-  if (Status s = cuda_status(
-          cudaMemcpy(r.memory_.data(), image.data(), init_bytes, cudaMemcpyHostToDevice),
-          "device-memory region: writing the header");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpy(r.memory_.data(), image.data(), init_bytes, cudaMemcpyHostToDevice),
+                  "device-memory region: writing the header"));
   return r;
 }
 
@@ -355,13 +322,10 @@ Result<int> DeviceRegion::export_dma_buf() const {
                                                                 11070);
   if (!get_handle.ok()) return get_handle.status();
   int fd = -1;
-  if (Status s =
-          driver_status((*get_handle)(&fd, reinterpret_cast<CUdeviceptr>(memory_.data()),
-                                      memory_.size(), CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-                        "gpu:" + std::to_string(device_) + ": exporting the region as a dma-buf");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      driver_status((*get_handle)(&fd, reinterpret_cast<CUdeviceptr>(memory_.data()),
+                                  memory_.size(), CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                    "gpu:" + std::to_string(device_) + ": exporting the region as a dma-buf"));
   return fd;
 }
 

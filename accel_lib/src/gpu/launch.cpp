@@ -61,19 +61,14 @@ Result<LaunchShape> launch_shape(Granularity g, uint32_t server_queues, uint32_t
 Status check_resident(const void* kernel, const LaunchShape& shape, int device,
                       const std::string& what) {
   int per_sm = 0;
-  if (Status s =
-          cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                          &per_sm, kernel, static_cast<int>(shape.threads), shape.shared_bytes),
-                      what + ": occupancy");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                      &per_sm, kernel, static_cast<int>(shape.threads), shape.shared_bytes),
+                  what + ": occupancy"));
   int sms = 0;
-  if (Status s = cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                             what + ": multiprocessor count");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(
+      cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                  what + ": multiprocessor count"));
   const uint64_t resident = uint64_t(per_sm) * uint64_t(sms);
   if (shape.blocks > resident) {
     return Status(StatusCode::kUnavailable,
@@ -96,12 +91,9 @@ Status write_stop_word(const GpuRegion& region, const mqueue::RegionHeader& h, u
     return Status::ok_status();
   }
   // From pageable memory a copy is staged before cudaMemcpyAsync returns, so `value` may go.
-  if (Status s = cuda_status(cudaMemcpyAsync(region.device + offset, &value, sizeof(value),
-                                             cudaMemcpyHostToDevice, stream),
-                             "writing the stop word of a device-memory region");
-      !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(region.device + offset, &value, sizeof(value),
+                                                      cudaMemcpyHostToDevice, stream),
+                                      "writing the stop word of a device-memory region"));
   return cuda_status(cudaStreamSynchronize(stream), "writing the stop word");
 }
 
@@ -115,7 +107,7 @@ Result<mqueue::RegionHeader> read_header(const GpuRegion& region) {
              !s.ok()) {
     return s;
   }
-  if (Status s = mqueue::validate_region(h, h.region_bytes); !s.ok()) return s;
+  CARACAL_RETURN_IF_ERROR(mqueue::validate_region(h, h.region_bytes));
   return h;
 }
 

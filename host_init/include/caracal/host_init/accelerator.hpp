@@ -139,7 +139,7 @@ HandlerBackends make_backends(H handler) {
   HandlerBackends b;
   b.cpu = [handler](mqueue::RegionView region, const accel::CpuOptions& options) -> StartResult {
     auto serving = std::make_unique<CpuServing<H>>(region, handler, options);
-    if (Status s = serving->start(); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(serving->start());
     return std::unique_ptr<ServingAccelerator>(std::move(serving));
   };
 #if defined(__CUDACC__) && defined(CARACAL_HAVE_CUDA)

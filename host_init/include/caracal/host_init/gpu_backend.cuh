@@ -23,7 +23,7 @@ class GpuServing final : public ServingAccelerator {
  public:
   static StartResult start(std::byte* region, uint64_t bytes, uint32_t device,
                            const accel::GpuOptions& options, const H& handler) {
-    if (Status s = accel::gpu::use_device(static_cast<int>(device)); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(accel::gpu::use_device(static_cast<int>(device)));
     std::unique_ptr<GpuServing> serving(new GpuServing);
     Result<accel::gpu::MappedHostRange> range =
         accel::gpu::MappedHostRange::register_range(region, bytes);
@@ -32,7 +32,7 @@ class GpuServing final : public ServingAccelerator {
     serving->accelerator_.emplace(
         accel::gpu::GpuRegion{serving->range_.device(), serving->range_.host()}, handler, options,
         static_cast<int>(device));
-    if (Status s = serving->accelerator_->start(); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(serving->accelerator_->start());
     return std::unique_ptr<ServingAccelerator>(std::move(serving));
   }
 
@@ -93,7 +93,7 @@ class GpuDeviceServing final : public DeviceRegionServing {
     serving->region_ = std::make_unique<accel::gpu::DeviceRegion>(std::move(region).value());
     serving->accelerator_.emplace(accel::gpu::GpuRegion{serving->region_->device(), nullptr},
                                   handler, options, static_cast<int>(device));
-    if (Status s = serving->accelerator_->start(); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(serving->accelerator_->start());
     return std::unique_ptr<DeviceRegionServing>(std::move(serving));
   }
 
@@ -135,9 +135,7 @@ inline Result<std::string> check_rdma_memory(uint32_t device) {
   Result<accel::gpu::RdmaCapabilities> caps =
       accel::gpu::query_rdma_capabilities(static_cast<int>(device));
   if (!caps.ok()) return caps.status();
-  if (Status s = accel::gpu::check_rdma_capabilities(*caps, static_cast<int>(device)); !s.ok()) {
-    return s;
-  }
+  CARACAL_RETURN_IF_ERROR(accel::gpu::check_rdma_capabilities(*caps, static_cast<int>(device)));
   return caps->str();
 }
 

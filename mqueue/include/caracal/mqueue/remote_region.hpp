@@ -29,22 +29,16 @@ class RemoteRegion {
                               std::to_string(transport->region_bytes()) +
                               " bytes is smaller than a header page");
     }
-    if (Status s = wait_for(*transport, transport->post_read(0, sizeof(RegionHeader)), timeout);
-        !s.ok()) {
-      return s;
-    }
+    CARACAL_RETURN_IF_ERROR(
+        wait_for(*transport, transport->post_read(0, sizeof(RegionHeader)), timeout));
     RemoteRegion r;
     r.t_ = transport;
     std::memcpy(&r.header_, transport->staging(0), sizeof(RegionHeader));
-    if (Status s = validate_region(r.header_, transport->region_bytes()); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(validate_region(r.header_, transport->region_bytes()));
     const RegionHeader& h = r.header_;
-    if (Status s =
-            wait_for(*transport,
-                     transport->post_read(h.control_offset, static_cast<uint32_t>(h.control_bytes)),
-                     timeout);
-        !s.ok()) {
-      return s;
-    }
+    CARACAL_RETURN_IF_ERROR(wait_for(
+        *transport, transport->post_read(h.control_offset, static_cast<uint32_t>(h.control_bytes)),
+        timeout));
     const RingGeometry g = ring_geometry(h);
     const uint32_t queues = mqueue::queue_count(h);
     r.rx_.reserve(queues);

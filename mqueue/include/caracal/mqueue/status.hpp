@@ -55,3 +55,11 @@ class [[nodiscard]] Result {
 };
 
 }  // namespace caracal
+
+// Returns the Status of `expr` from the calling function when it is not ok, as NCCL's NCCLCHECK
+// does; setup code chains its steps with it:
+//   CARACAL_RETURN_IF_ERROR(validate_geometry(geometry));
+#define CARACAL_RETURN_IF_ERROR(expr)                                                              \
+  do {                                                                                             \
+    if (::caracal::Status caracal_status_ = (expr); !caracal_status_.ok()) return caracal_status_; \
+  } while (false)

@@ -44,7 +44,7 @@ Status wait_for(T& t, uint64_t ticket, std::chrono::nanoseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   uint32_t spins = 0;
   while (t.completed() < ticket) {
-    if (Status s = t.progress(); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(t.progress());
     if (++spins % 1024 == 0 && std::chrono::steady_clock::now() > deadline) {
       // Appended to a named string: GCC 12 warns (-Warray-bounds, a false positive) about
       // the same text built as one std::string(...) + ... chain in sources that use the

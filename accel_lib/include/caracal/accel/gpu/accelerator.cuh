@@ -547,7 +547,7 @@ class GpuAccelerator {
   // hold every worker at once (a worker that is never scheduled would leave its queues unserved).
   Status start() {
     if (running_) return invalid_argument("GPU accelerator already started");
-    if (Status s = use_device(device_); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(use_device(device_));
     Result<mqueue::RegionHeader> header = detail::read_header(region_);
     if (!header.ok()) return header.status();
     header_ = *header;
@@ -558,11 +558,8 @@ class GpuAccelerator {
         block_threads, sizeof(detail::Mailbox));
     if (!shape.ok()) return shape.status();
     shape_ = *shape;
-    if (Status s = detail::check_resident(reinterpret_cast<const void*>(&detail::serve_kernel<H>),
-                                          shape_, device_, summary());
-        !s.ok()) {
-      return s;
-    }
+    CARACAL_RETURN_IF_ERROR(detail::check_resident(
+        reinterpret_cast<const void*>(&detail::serve_kernel<H>), shape_, device_, summary()));
 
     auto res = std::make_unique<detail::LaunchResources>();
     const uint32_t w = shape_.workers;
@@ -578,19 +575,12 @@ class GpuAccelerator {
       return Status::ok_status();
     };
     const uint64_t batch_entry = sizeof(Request) + sizeof(std::byte*) + sizeof(uint32_t);
-    if (Status s = alloc(res->queues, sizeof(detail::QueueState) * header_.server_queue_count,
-                         "GPU queue state");
-        !s.ok()) {
-      return s;
-    }
-    if (Status s = alloc(res->channels, sizeof(ClientChannel) * w * per_worker, "GPU client state");
-        !s.ok()) {
-      return s;
-    }
+    CARACAL_RETURN_IF_ERROR(alloc(
+        res->queues, sizeof(detail::QueueState) * header_.server_queue_count, "GPU queue state"));
+    CARACAL_RETURN_IF_ERROR(
+        alloc(res->channels, sizeof(ClientChannel) * w * per_worker, "GPU client state"));
     if constexpr (kBatch > 1) {
-      if (Status s = alloc(res->batch, batch_entry * w * kBatch, "GPU batch state"); !s.ok()) {
-        return s;
-      }
+      CARACAL_RETURN_IF_ERROR(alloc(res->batch, batch_entry * w * kBatch, "GPU batch state"));
     }
     // Batched handlers' replies; with TX lines, a warp's or block's single reply.
     const bool stage_replies = kBatch > 1 || (mqueue::has_tx_lines(header_) &&
@@ -615,9 +605,7 @@ class GpuAccelerator {
     // This accelerator's own earlier stop() left the stop word raised: starting again clears
     // it. A stop raised by anyone else (the SmartNIC, the agent) stays in force.
     if (raised_stop_) {
-      if (Status s = detail::write_stop_word(region_, header_, 0, res->control.get()); !s.ok()) {
-        return s;
-      }
+      CARACAL_RETURN_IF_ERROR(detail::write_stop_word(region_, header_, 0, res->control.get()));
       raised_stop_ = false;
     }
 
@@ -643,7 +631,7 @@ class GpuAccelerator {
     args.max_response = max_response;
     detail::serve_kernel<H>
         <<<shape_.blocks, shape_.threads, shape_.shared_bytes, res->stream.get()>>>(args, handler_);
-    if (Status s = cuda_status(cudaGetLastError(), "launching " + summary()); !s.ok()) return s;
+    CARACAL_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "launching " + summary()));
     resources_ = std::move(res);
     running_ = true;
     failure_ = Status::ok_status();

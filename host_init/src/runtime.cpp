@@ -32,7 +32,7 @@ using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-long long ms_of(Clock::duration d) {
+long long to_milliseconds(Clock::duration d) {
   return std::chrono::duration_cast<milliseconds>(d).count();
 }
 
@@ -635,8 +635,8 @@ Outcome AgentRuntime::Impl::serve(Connection& conn) {
 
     const auto now = Clock::now();
     if (now - last_heard >= timeout) {
-      return lost("no answer from the server for " + std::to_string(ms_of(now - last_heard)) +
-                  " ms");
+      return lost("no answer from the server for " +
+                  std::to_string(to_milliseconds(now - last_heard)) + " ms");
     }
     if (now >= next_heartbeat) {
       conn.send(control::Heartbeat{});

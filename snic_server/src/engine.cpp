@@ -173,7 +173,8 @@ class EngineThread {
 
   void start();
   void request_stop();  // stop() in two halves, so that every thread winds down at once
-  // Waits for the thread; from then on a command is settled as it is posted (see settle()).
+  // Waits for the thread; from then on a command is applied as it is posted (see
+  // apply_without_thread()).
   void join();
   void stop() {
     request_stop();
@@ -209,9 +210,11 @@ class EngineThread {
   };
 
   void run();
-  // One round: commands, then every region's queues. Sets `busy` if it did anything; false
-  // once the thread is asked to stop (the round then did nothing).
-  bool round(bool& busy);
+  // What one round found: work, none, or that the thread is asked to stop (the round then did
+  // nothing).
+  enum class RoundOutcome { kIdle, kBusy, kStopping };
+  // One round: commands, then every region's queues.
+  RoundOutcome round();
   // After the last round: fails what is still served ("server shutting down").
   void finish();
   // Wakes the thread out of its sleep (a post to the host in hosted mode).
@@ -221,7 +224,7 @@ class EngineThread {
   // once, a detach is done at once, a failure has nothing left to fail. Nothing is left waiting
   // in commands_, where a detach's `done` (which may own a control session, and its socket) would
   // outlive the server's I/O context.
-  void settle(Command& c);
+  void apply_without_thread(Command& c);
   void fail_region(Attached& a, const std::string& reason);
   void flush_replies();
   // A round without work: spin, yield or sleep (see the definition). True if the host ran one of
@@ -264,11 +267,11 @@ class EngineThread {
   alignas(64) std::atomic<int64_t> in_flight_{0};
   // Contention (see idle()), this thread only: the wall and CPU clocks at the last look (none
   // after a sleep), and until when the thread spins short.
-  struct Look {
+  struct ClockReading {
     Clock::time_point wall;
-    std::chrono::nanoseconds cpu;
+    std::chrono::nanoseconds cpu;  // this thread's CPU time
   };
-  std::optional<Look> last_look_;
+  std::optional<ClockReading> last_look_;
   std::optional<Clock::time_point> spin_short_until_;
 };
 
@@ -601,7 +604,7 @@ uint32_t Engine::thread_of(const AgentRegion& region, uint32_t queue) const {
   return queue % n;
 }
 
-std::vector<std::vector<uint32_t>> Engine::deal(const AgentRegion& region) const {
+std::vector<std::vector<uint32_t>> Engine::queues_by_thread(const AgentRegion& region) const {
   std::vector<std::vector<uint32_t>> parts(threads_.size());
   const uint32_t queues = region.server_queues() + region.client_queues();
   for (uint32_t q = 0; q < queues; ++q)
@@ -610,7 +613,7 @@ std::vector<std::vector<uint32_t>> Engine::deal(const AgentRegion& region) const
 }
 
 void Engine::attach(std::shared_ptr<AgentRegion> region) {
-  std::vector<std::vector<uint32_t>> parts = deal(*region);
+  std::vector<std::vector<uint32_t>> parts = queues_by_thread(*region);
   for (size_t i = 0; i < threads_.size(); ++i) {
     if (parts[i].empty()) continue;
     threads_[i]->post(EngineThread::Command{
@@ -620,7 +623,7 @@ void Engine::attach(std::shared_ptr<AgentRegion> region) {
 
 void Engine::detach(std::shared_ptr<AgentRegion> region, std::chrono::milliseconds drain,
                     std::function<void()> done) {
-  const std::vector<std::vector<uint32_t>> parts = deal(*region);
+  const std::vector<std::vector<uint32_t>> parts = queues_by_thread(*region);
   const auto holders = static_cast<uint32_t>(
       std::count_if(parts.begin(), parts.end(), [](const auto& p) { return !p.empty(); }));
   if (holders == 0) {
@@ -653,7 +656,7 @@ void Engine::fail(std::shared_ptr<AgentRegion> region, std::string reason) {
 
 void Engine::fail_elsewhere(const std::shared_ptr<AgentRegion>& region, const std::string& reason,
                             uint32_t except) {
-  const std::vector<std::vector<uint32_t>> parts = deal(*region);
+  const std::vector<std::vector<uint32_t>> parts = queues_by_thread(*region);
   for (uint32_t i = 0; i < threads_.size(); ++i) {
     if (parts[i].empty() || i == except) continue;
     threads_[i]->post(
@@ -720,11 +723,11 @@ void EngineThread::join() {
   hosted_done_.wait(lock, [this] { return !hosted_running_; });
   started_ = false;
   // The thread has failed what it served; nothing runs its commands from now on. The reply
-  // state settle() uses (to_flush_, the sinks' element index_) is this thread's, and with the
-  // thread gone only settle() touches it, always under commands_m_.
+  // state apply_without_thread() uses (to_flush_, the sinks' element index_) is this thread's,
+  // and with the thread gone only apply_without_thread() touches it, always under commands_m_.
   exited_ = true;
   for (Command& c : commands_)
-    settle(c);
+    apply_without_thread(c);
   commands_.clear();
 }
 
@@ -732,7 +735,7 @@ void EngineThread::post(Command c) {
   {
     std::lock_guard lock(commands_m_);
     if (exited_) {
-      settle(c);
+      apply_without_thread(c);
       return;
     }
     commands_.push_back(std::move(c));
@@ -740,7 +743,7 @@ void EngineThread::post(Command c) {
   notify_always();
 }
 
-void EngineThread::settle(Command& c) {
+void EngineThread::apply_without_thread(Command& c) {
   switch (c.kind) {
     case Command::Kind::kAttach: {
       Attached a{std::move(c.region), std::move(c.queues), false, {}, {}};
@@ -878,12 +881,12 @@ void EngineThread::fail_region(Attached& a, const std::string& reason) {
   }
 }
 
-bool EngineThread::round(bool& busy) {
+EngineThread::RoundOutcome EngineThread::round() {
   prof::Scope round(prof::kRound);
   round_seen_ = submitted_.load(std::memory_order_seq_cst);
-  busy = apply_commands();
+  bool busy = apply_commands();
   flush_replies();
-  if (stopping_.load(std::memory_order_relaxed)) return false;
+  if (stopping_.load(std::memory_order_relaxed)) return RoundOutcome::kStopping;
   for (size_t i = 0; i < regions_.size();) {
     Attached& a = regions_[i];
     std::string fault;
@@ -913,7 +916,7 @@ bool EngineThread::round(bool& busy) {
     }
     ++i;
   }
-  return true;
+  return busy ? RoundOutcome::kBusy : RoundOutcome::kIdle;
 }
 
 void EngineThread::finish() {
@@ -925,9 +928,8 @@ void EngineThread::finish() {
 
 void EngineThread::run() {
   uint32_t idle_rounds = 0;
-  bool busy = false;
-  while (round(busy)) {
-    if (busy) {
+  for (RoundOutcome r; (r = round()) != RoundOutcome::kStopping;) {
+    if (r == RoundOutcome::kBusy) {
       idle_rounds = 0;
     } else {
       prof::Scope t(prof::kIdle);
@@ -950,12 +952,13 @@ void EngineThread::run_hosted() {
     hosted_index = static_cast<int>(index_);
     prof::thread_begin();
     uint32_t idle_rounds = 0;
-    bool busy = false;
     for (;;) {
       // The host's ready handlers (received requests, replies to write), without waiting.
       const size_t handled = io.poll();
-      if (io.stopped() || !round(busy)) break;
-      if (busy || handled > 0) {
+      if (io.stopped()) break;
+      const RoundOutcome r = round();
+      if (r == RoundOutcome::kStopping) break;
+      if (r == RoundOutcome::kBusy || handled > 0) {
         idle_rounds = 0;
       } else {
         prof::Scope t(prof::kIdle);
@@ -987,9 +990,9 @@ constexpr uint32_t kContendedLookRounds = 256;
 bool EngineThread::lost_core_since_last_look() {
   timespec cpu_now{};
   if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_now) != 0) return false;
-  const Look now{Clock::now(),
-                 std::chrono::seconds(cpu_now.tv_sec) + std::chrono::nanoseconds(cpu_now.tv_nsec)};
-  const std::optional<Look> last = std::exchange(last_look_, now);
+  const ClockReading now{Clock::now(), std::chrono::seconds(cpu_now.tv_sec) +
+                                           std::chrono::nanoseconds(cpu_now.tv_nsec)};
+  const std::optional<ClockReading> last = std::exchange(last_look_, now);
   if (!last) return false;
   // Wall time in which this thread was runnable but not running: no sleep lies between two
   // looks (every sleep drops the last one), so the difference is time other threads had the

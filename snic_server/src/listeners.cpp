@@ -19,6 +19,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 #include "caracal/server/dpdk_port.hpp"
@@ -64,8 +65,9 @@ std::optional<std::string> format_error_reply(const ListenerConfig& config,
                                               const std::string& reason) {
   if (!config.error_reply) return std::nullopt;
   std::string text = *config.error_reply;
-  const size_t at = text.find("{reason}");
-  if (at != std::string::npos) text.replace(at, 8, reason);
+  constexpr std::string_view kPlaceholder = "{reason}";
+  const size_t at = text.find(kPlaceholder);
+  if (at != std::string::npos) text.replace(at, kPlaceholder.size(), reason);
   return text;
 }
 
@@ -76,8 +78,10 @@ namespace {
 
 class TcpConnection;
 
-struct TcpShared {
-  TcpShared(const ListenerConfig& c, const ListenerDeps& d, Codec codec)
+// What every connection of one TCP listener shares: its configuration and codec, the service it
+// feeds, its counters, and the open connections (to close them at stop).
+struct TcpListenerState {
+  TcpListenerState(const ListenerConfig& c, const ListenerDeps& d, Codec codec)
       : config(c),
         codec(std::move(codec)),
         service(d.service),
@@ -98,7 +102,7 @@ struct TcpShared {
 
 class TcpConnection final : public ReplySink, public std::enable_shared_from_this<TcpConnection> {
  public:
-  TcpConnection(std::shared_ptr<TcpShared> shared, tcp::socket socket, uint64_t id)
+  TcpConnection(std::shared_ptr<TcpListenerState> shared, tcp::socket socket, uint64_t id)
       : shared_(std::move(shared)), socket_(std::move(socket)), id_(id) {
     const FramingConfig& f = shared_->codec.config();
     buffer_.resize(size_t{f.max_message_bytes} + Codec::header_capacity() + f.delimiter.size() +
@@ -399,7 +403,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     shared_->connections.erase(id_);
   }
 
-  std::shared_ptr<TcpShared> shared_;
+  std::shared_ptr<TcpListenerState> shared_;
   tcp::socket socket_;
   uint64_t id_;
   // Replies delivered by the engine and not yet flushed to the strand, per engine thread:
@@ -430,7 +434,7 @@ class TcpListener final : public Listener {
  public:
   TcpListener(const ListenerConfig& config, const ListenerDeps& deps, Codec codec)
       : io_(deps.io),
-        shared_(std::make_shared<TcpShared>(config, deps, std::move(codec))),
+        shared_(std::make_shared<TcpListenerState>(config, deps, std::move(codec))),
         acceptor_(deps.io.main()) {}
   ~TcpListener() override { stop(); }
 
@@ -489,7 +493,7 @@ class TcpListener final : public Listener {
   }
 
   IoPool& io_;
-  std::shared_ptr<TcpShared> shared_;
+  std::shared_ptr<TcpListenerState> shared_;
   tcp::acceptor acceptor_;
   uint16_t port_ = 0;
   uint64_t next_id_ = 0;
@@ -498,9 +502,12 @@ class TcpListener final : public Listener {
 // -------------------------------------------------------------------------------------------
 // UDP
 
-class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpCore> {
+// A UDP listener's sockets (one per I/O thread) and the sink its replies come back to; owned
+// by UdpListener and kept alive by the receives and sends in flight.
+class UdpListenerCore final : public ReplySink,
+                              public std::enable_shared_from_this<UdpListenerCore> {
  public:
-  UdpCore(const ListenerConfig& config, const ListenerDeps& deps)
+  UdpListenerCore(const ListenerConfig& config, const ListenerDeps& deps)
       : config_(config),
         io_(deps.io),
         service_(deps.service),
@@ -840,7 +847,7 @@ class UdpCore final : public ReplySink, public std::enable_shared_from_this<UdpC
 class UdpListener final : public Listener {
  public:
   UdpListener(const ListenerConfig& config, const ListenerDeps& deps)
-      : core_(std::make_shared<UdpCore>(config, deps)) {}
+      : core_(std::make_shared<UdpListenerCore>(config, deps)) {}
   ~UdpListener() override { stop(); }
   Status start() override { return core_->open(); }
   void stop() override {
@@ -852,7 +859,7 @@ class UdpListener final : public Listener {
   const std::string& name() const override { return core_->name(); }
 
  private:
-  std::shared_ptr<UdpCore> core_;
+  std::shared_ptr<UdpListenerCore> core_;
   bool stopped_ = false;
 };
 

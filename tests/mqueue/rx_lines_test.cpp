@@ -245,8 +245,9 @@ TEST_F(RxLinesTest, AnImageOfTheLineServesTheEntryWithoutReadingItAgain) {
   ASSERT_TRUE(push_message(remote.rx(1), payload, 55));
 
   // What a warp does: one word a lane, every flag checked, the data decoded in word order.
-  uint32_t flag = 0;
-  const uint64_t* words = rx.line(flag);
+  const LineRef<const uint64_t> line = rx.next_entry_line();
+  const uint64_t* words = line.words;
+  const uint32_t flag = line.flag;
   EXPECT_EQ(flag, line_flag(0));
   alignas(16) std::byte image[kLineDataBytes];
   for (uint32_t k = 0; k < kLineWords; ++k) {

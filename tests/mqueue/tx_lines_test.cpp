@@ -127,8 +127,7 @@ TEST_F(TxLinesTest, LongEntriesSkipMarkersAndUnannouncedEntriesGoByTheTailInStep
   const std::vector<std::byte> d = numbered_bytes(8, 3);
   ASSERT_TRUE(push_with_line(tx, a, 1));
   ASSERT_TRUE(push_with_line(tx, b, 2));  // too long: write_line writes nothing
-  uint32_t flag = 0;
-  EXPECT_EQ(tx.line(flag), nullptr);
+  EXPECT_EQ(tx.committed_entry_line().words, nullptr);
   ASSERT_TRUE(push_message(tx, d, 3));
   tx.publish();
 

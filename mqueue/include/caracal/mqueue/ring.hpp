@@ -138,6 +138,15 @@ struct Entry {
 };
 
 // The producing side of a ring in local memory (the accelerator's TX rings).
+// One entry's line (layout.hpp, RX and TX lines): its kLineWords words, and the flag each word
+// carries once written. W is const on the consumer's side; words is nullptr where there is no
+// line to use.
+template <class W>
+struct LineRef {
+  W* words;
+  uint32_t flag;
+};
+
 class RingProducer {
  public:
   CARACAL_HOST_DEVICE RingProducer() {}
@@ -196,25 +205,26 @@ class RingProducer {
   }
 
   // With TX lines: the line of the entry the last commit() completed and the flag its words
-  // carry, or nullptr when the region has no TX lines or the entry is too long for one. A group
+  // carry; no words when the region has no TX lines or the entry is too long for one. A group
   // of threads may store the words (one each, store_relaxed, in the encoding of layout.hpp:
   // committed_header() and then the payload, zero-padded) any time after the payload is final;
   // no fence is needed before them. They must be stored before the publish of the entry's
   // burst: its fence orders them before the stores of the line's next lap.
-  CARACAL_INLINE uint64_t* line(uint32_t& flag) const {
-    if (lines_ == nullptr || committed_.length > kLineInlineBytes) return nullptr;
-    flag = line_flag(committed_line_);
-    return lines_ + static_cast<uint64_t>(committed_line_ & (geometry_.capacity - 1)) * kLineWords;
+  CARACAL_INLINE LineRef<uint64_t> committed_entry_line() const {
+    if (lines_ == nullptr || committed_.length > kLineInlineBytes) return {nullptr, 0};
+    return {lines_ + static_cast<uint64_t>(committed_line_ & (geometry_.capacity - 1)) * kLineWords,
+            line_flag(committed_line_)};
   }
   CARACAL_INLINE const SlotHeader& committed_header() const { return committed_; }
   CARACAL_INLINE bool has_lines() const { return lines_ != nullptr; }
 
-  // line() for one thread where the slots are local memory (host producers, tests): writes the
-  // line of the last committed entry from its slot, one 8-byte store a word. Does nothing when
-  // line() gives none.
+  // committed_entry_line() for one thread where the slots are local memory (host producers,
+  // tests): writes the line of the last committed entry from its slot, one 8-byte store a word.
+  // Does nothing when there is no line.
   CARACAL_INLINE void write_line() {
-    uint32_t flag = 0;
-    uint64_t* words = line(flag);
+    const LineRef<uint64_t> line = committed_entry_line();
+    uint64_t* words = line.words;
+    const uint32_t flag = line.flag;
     if (words == nullptr) return;
     uint32_t data[kLineWords] = {};
     memcpy(data, slot(committed_position_), kSlotHeaderBytes + committed_.length);
@@ -387,9 +397,9 @@ class RingConsumer {
   // then a barrier), check their flags and decode the data (line_word_data, in word order) into
   // an image for next(): a SlotHeader followed by up to kLineInlineBytes of payload. next()
   // fences before the slots are read when the payload is not all in the image.
-  CARACAL_INLINE const uint64_t* line(uint32_t& flag) const {
-    flag = line_flag(entries_);
-    return lines_ + static_cast<uint64_t>(entries_ & (geometry_.capacity - 1)) * kLineWords;
+  CARACAL_INLINE LineRef<const uint64_t> next_entry_line() const {
+    return {lines_ + static_cast<uint64_t>(entries_ & (geometry_.capacity - 1)) * kLineWords,
+            line_flag(entries_)};
   }
   CARACAL_INLINE bool has_lines() const { return lines_ != nullptr; }
 
@@ -399,8 +409,9 @@ class RingConsumer {
   // kEmpty while the line is not all there.
   CARACAL_INLINE PollResult next_by_line(Entry& out, std::byte* image) {
     for (;;) {
-      uint32_t flag = 0;
-      const uint64_t* words = line(flag);
+      const LineRef<const uint64_t> line = next_entry_line();
+      const uint64_t* words = line.words;
+      const uint32_t flag = line.flag;
       for (uint32_t k = 0; k < kLineWords; ++k) {
         const uint64_t w = k == 0 ? load_acquire(words) : load_relaxed(words + k);
         if (line_word_flag(w) != flag) return PollResult::kEmpty;

@@ -227,7 +227,7 @@ class Engine {
   void fail_elsewhere(const std::shared_ptr<AgentRegion>& region, const std::string& reason,
                       uint32_t except);
   // Each thread's share of `region`'s queues; empty for a thread that serves none.
-  std::vector<std::vector<uint32_t>> deal(const AgentRegion& region) const;
+  std::vector<std::vector<uint32_t>> queues_by_thread(const AgentRegion& region) const;
 
   ReplyTable& replies_;
   EngineOptions options_;

@@ -164,7 +164,7 @@ struct Lanes<Granularity::kBlock> {
 };
 
 // The leader's running totals, written to the worker's counters when they change.
-struct Tally {
+struct LeaderTotals {
   uint64_t requests = 0;
   uint64_t handler_errors = 0;
   uint64_t reply_ring_full = 0;
@@ -184,7 +184,7 @@ struct Tally {
   }
 };
 
-__device__ inline void overrun_error(Response& resp, Tally& tally) {
+__device__ inline void overrun_error(Response& resp, LeaderTotals& tally) {
   ++tally.handler_errors;
   resp.size = 0;
   resp.flags = 0;
@@ -236,7 +236,7 @@ __device__ void announce_reply(const Mailbox* box, const std::byte* stage, std::
 // nullptr: straight into the TX ring.
 template <class H, class L>
 __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q, H& handler,
-                                Context& ctx, Mailbox* box, bool leader, Tally& tally,
+                                Context& ctx, Mailbox* box, bool leader, LeaderTotals& tally,
                                 std::byte* stage) {
   constexpr bool kImage = granularity_of<H>() != Granularity::kThread;
   const std::byte* image = nullptr;
@@ -247,7 +247,9 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
       box->line = nullptr;
       box->image_bytes = 0;
       if (qs.stopped == 0 && qs.rx.has_lines()) {
-        box->line = qs.rx.line(box->line_flag);
+        const mqueue::LineRef<const uint64_t> line = qs.rx.next_entry_line();
+        box->line = line.words;
+        box->line_flag = line.flag;
       } else if (qs.stopped == 0) {
         uint32_t slots = 0;
         box->image_from = qs.rx.peek(slots);
@@ -344,7 +346,9 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
       qs.rx.release();
       ++n;
       if (stage != nullptr) {
-        box->tx_line = qs.tx.line(box->tx_flag);
+        const mqueue::LineRef<uint64_t> line = qs.tx.committed_entry_line();
+        box->tx_line = line.words;
+        box->tx_flag = line.flag;
         box->reply = qs.tx.committed_header();
       }
     }
@@ -374,7 +378,7 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
 template <class H, class L>
 __device__ uint32_t serve_batches(const KernelArgs& a, QueueState& qs, uint32_t q, uint32_t w,
                                   H& handler, Context& ctx, Mailbox* box, bool leader,
-                                  Tally& tally) {
+                                  LeaderTotals& tally) {
   constexpr uint32_t kBatch = batch_of<H>();
   Request* reqs = a.batch_requests + size_t{w} * kBatch;
   std::byte** outs = a.batch_out + size_t{w} * kBatch;
@@ -484,7 +488,7 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
                                : nullptr;
   H handler = prototype;  // every thread its own copy
   Context ctx(Group(kG, L::rank(), L::size()), channels, channel_count, w);
-  Tally tally;
+  LeaderTotals tally;
   uint32_t rounds = 0;
   uint32_t idle = 0;
   uint32_t sleep_ns = 0;

@@ -1,5 +1,7 @@
 #include "caracal/mqueue/rdma.hpp"
 
+#include "caracal/mqueue/layout.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -22,12 +24,6 @@ std::string errno_text(int e) {
   return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")";
 }
 
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 std::string address_text(const sockaddr* sa) {
   if (sa == nullptr) return "?";
   char host[INET6_ADDRSTRLEN] = "?";
@@ -42,10 +38,6 @@ std::string address_text(const sockaddr* sa) {
     port = ntohs(in6->sin6_port);
   }
   return std::string(host) + ":" + std::to_string(port);
-}
-
-uint64_t round_up(uint64_t v, uint64_t to) {
-  return (v + to - 1) / to * to;
 }
 
 int64_t remaining_ms(Clock::time_point deadline) {

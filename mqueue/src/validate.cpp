@@ -10,14 +10,6 @@ Status bad_field(const char* field, uint64_t value, const std::string& expected)
                           ": " + expected);
 }
 
-std::string hex(uint64_t v) {
-  static const char* digits = "0123456789abcdef";
-  std::string s = "0x";
-  for (int shift = 60; shift >= 0; shift -= 4)
-    s += digits[(v >> shift) & 0xF];
-  return s;
-}
-
 Status check_geometry(const char* slot_field, uint32_t slot_bytes, const char* capacity_field,
                       uint32_t capacity, uint32_t server_queues, uint32_t client_queues,
                       uint32_t max_message_bytes) {

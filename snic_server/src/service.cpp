@@ -166,28 +166,20 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
     next->all.push_back(Target{region, q, h.ring_capacity});
     const Labels labels{
         {"service", config_.name}, {"agent", region->agent()}, {"queue", std::to_string(q)}};
-    QueueInbox* inbox = &region->inbox(q);
-    metric_callbacks_.emplace_back(
-        region.get(),
-        metrics_.gauge_callback(
-            "caracal_queue_ring_slots_in_use",
-            "RX ring slots the accelerator has not given back yet", labels, [inbox] {
-              return static_cast<double>(inbox->ring_slots_in_use.load(std::memory_order_relaxed));
-            }));
-    metric_callbacks_.emplace_back(
-        region.get(),
-        metrics_.gauge_callback(
-            "caracal_queue_outstanding_requests",
-            "Requests dispatched to the queue and not yet answered", labels, [inbox] {
-              return static_cast<double>(inbox->outstanding.load(std::memory_order_relaxed));
-            }));
-    metric_callbacks_.emplace_back(
-        region.get(),
-        metrics_.gauge_callback(
-            "caracal_queue_waiting_requests", "Requests waiting for room in the queue's RX ring",
-            labels, [inbox] {
-              return static_cast<double>(inbox->waiting.load(std::memory_order_relaxed));
-            }));
+    const QueueInbox* inbox = &region->inbox(q);
+    // Each gauge reads one of the inbox's counters at scrape time (relaxed: reporting only).
+    auto gauge = [&](const char* name, const char* help, auto QueueInbox::*counter) {
+      metric_callbacks_.emplace_back(
+          region.get(), metrics_.gauge_callback(name, help, labels, [inbox, counter] {
+            return static_cast<double>((inbox->*counter).load(std::memory_order_relaxed));
+          }));
+    };
+    gauge("caracal_queue_ring_slots_in_use", "RX ring slots the accelerator has not given back yet",
+          &QueueInbox::ring_slots_in_use);
+    gauge("caracal_queue_outstanding_requests",
+          "Requests dispatched to the queue and not yet answered", &QueueInbox::outstanding);
+    gauge("caracal_queue_waiting_requests", "Requests waiting for room in the queue's RX ring",
+          &QueueInbox::waiting);
   }
   index_by_thread(*next);
   publish(std::move(next));

@@ -2,6 +2,8 @@
 // reports through return values of its own (PollResult, nullptr from reserve) and never throws.
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -34,6 +36,14 @@ class [[nodiscard]] Status {
 
 inline Status invalid_argument(std::string message) {
   return Status(StatusCode::kInvalidArgument, std::move(message));
+}
+
+// "0x1f": a number in an error message where hex is how the reader knows it (magic words,
+// feature bits, addresses, keys).
+inline std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
 }
 
 // A value or the Status that says why there is none.

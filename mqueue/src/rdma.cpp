@@ -45,6 +45,21 @@ int64_t remaining_ms(Clock::time_point deadline) {
   return std::max<int64_t>(left.count(), 0);
 }
 
+// An rdma_cm event channel and an RC (RDMA_PS_TCP) id on it, for the connecting side and the
+// listening side alike. On failure the caller's destructor releases what was made.
+Status open_cm(rdma_event_channel*& channel, rdma_cm_id*& id, const std::string& where) {
+  channel = rdma_create_event_channel();
+  if (channel == nullptr) {
+    return Status(StatusCode::kUnavailable,
+                  where + ": no rdma_cm (rdma_create_event_channel: " + errno_text(errno) +
+                      "; is the rdma_ucm module loaded?)");
+  }
+  if (rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP) != 0) {
+    return Status(StatusCode::kUnavailable, where + ": rdma_create_id: " + errno_text(errno));
+  }
+  return Status::ok_status();
+}
+
 Status set_nonblocking(int fd, const std::string& what) {
   const int flags = fcntl(fd, F_GETFL);
   if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
@@ -153,15 +168,7 @@ Result<std::unique_ptr<RdmaTransport>> RdmaTransport::connect(const RdmaConnectO
   t->region_ = o.region;
   t->peer_ = o.host + ":" + std::to_string(o.port);
 
-  t->channel_ = rdma_create_event_channel();
-  if (t->channel_ == nullptr) {
-    return Status(StatusCode::kUnavailable,
-                  where + ": no rdma_cm (rdma_create_event_channel: " + errno_text(errno) +
-                      "; is the rdma_ucm module loaded?)");
-  }
-  if (rdma_create_id(t->channel_, &t->id_, nullptr, RDMA_PS_TCP) != 0) {
-    return Status(StatusCode::kUnavailable, where + ": rdma_create_id: " + errno_text(errno));
-  }
+  CARACAL_RETURN_IF_ERROR(open_cm(t->channel_, t->id_, where));
 
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -471,15 +478,7 @@ Result<std::unique_ptr<RdmaRegionExporter>> RdmaRegionExporter::listen(const Rdm
                       ": no RDMA device (load a driver, e.g. `modprobe rdma_rxe` and "
                       "`rdma link add rxe0 type rxe netdev IF` for Soft-RoCE)");
   }
-  x->channel_ = rdma_create_event_channel();
-  if (x->channel_ == nullptr) {
-    return Status(StatusCode::kUnavailable,
-                  where + ": no rdma_cm (rdma_create_event_channel: " + errno_text(errno) +
-                      "; is the rdma_ucm module loaded?)");
-  }
-  if (rdma_create_id(x->channel_, &x->listen_id_, nullptr, RDMA_PS_TCP) != 0) {
-    return Status(StatusCode::kUnavailable, where + ": rdma_create_id: " + errno_text(errno));
-  }
+  CARACAL_RETURN_IF_ERROR(open_cm(x->channel_, x->listen_id_, where));
   sockaddr_storage ss{};
   if (o.bind_address.empty()) {
     auto* in = reinterpret_cast<sockaddr_in*>(&ss);

@@ -11,6 +11,7 @@
 
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/server/framing.hpp"
+#include "stream_writer.hpp"
 
 namespace caracal::server {
 
@@ -68,7 +69,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
              mqueue::kSlotError);
       return;
     }
-    codec_.append_framed(out_, bytes);
+    codec_.append_framed(writer_.pending(), bytes);
     waiting_.push_back(token);
     if (connected_) {
       write();
@@ -106,20 +107,15 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   }
 
   void write() {
-    if (writing_ || out_.empty() || !connected_) return;
-    writing_ = true;
-    wbuf_.swap(out_);
-    asio::async_write(socket_, asio::buffer(wbuf_),
-                      [self = shared_from_this()](error_code ec, size_t) {
-                        self->writing_ = false;
-                        self->wbuf_.clear();
-                        if (self->closed_) return;
-                        if (ec) {
-                          self->fail_all("write failed: " + ec.message());
-                          return;
-                        }
-                        self->write();
-                      });
+    if (!connected_) return;
+    writer_.write(socket_, [self = shared_from_this()](error_code ec) {
+      if (self->closed_) return;
+      if (ec) {
+        self->fail_all("write failed: " + ec.message());
+        return;
+      }
+      self->write();
+    });
   }
 
   void read() {
@@ -176,7 +172,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
     for (const uint64_t token : waiting_)
       answer(token, text, mqueue::kSlotError);
     waiting_.clear();
-    out_.clear();
+    writer_.pending().clear();
     begin_ = end_ = 0;
     connected_ = false;
     connecting_ = false;
@@ -203,10 +199,8 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   bool closed_ = false;
   bool connecting_ = false;
   bool connected_ = false;
-  bool writing_ = false;
   std::deque<uint64_t> waiting_;  // tokens of requests sent (or queued), oldest first
-  std::string out_;
-  std::string wbuf_;
+  StreamWriter writer_;
   std::vector<char> buffer_;
   size_t begin_ = 0;
   size_t end_ = 0;

@@ -26,6 +26,7 @@
 #include "caracal/server/framing.hpp"
 #include "caracal/server/service.hpp"
 #include "listener_stats.hpp"
+#include "stream_writer.hpp"
 
 namespace caracal::server {
 
@@ -313,7 +314,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   }
 
   void frame(const std::string& payload) {
-    shared_->codec.append_framed(out_, payload);
+    shared_->codec.append_framed(writer_.pending(), payload);
     shared_->stats.replies.inc();
   }
 
@@ -362,29 +363,23 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   }
 
   void write() {
-    if (writing_ || closed_) return;
-    if (out_.empty()) {
+    if (writer_.writing() || closed_) return;
+    if (!writer_.has_pending()) {
       maybe_finish();
       return;
     }
-    writing_ = true;
-    wbuf_.swap(out_);
-    asio::async_write(socket_, asio::buffer(wbuf_),
-                      [self = shared_from_this()](error_code ec, size_t) {
-                        self->writing_ = false;
-                        self->wbuf_.clear();
-                        if (ec) {
-                          spdlog::debug("{}: {} write failed: {}", self->shared_->name, self->peer_,
-                                        ec.message());
-                          self->close_now();
-                          return;
-                        }
-                        self->write();
-                      });
+    writer_.write(socket_, [self = shared_from_this()](error_code ec) {
+      if (ec) {
+        spdlog::debug("{}: {} write failed: {}", self->shared_->name, self->peer_, ec.message());
+        self->close_now();
+        return;
+      }
+      self->write();
+    });
   }
 
   void maybe_finish() {
-    if (closed_ || writing_ || !out_.empty()) return;
+    if (closed_ || writer_.writing() || writer_.has_pending()) return;
     if (closing_after_write_ || (read_done_ && pending_.empty())) {
       error_code ec;
       socket_.shutdown(tcp::socket::shutdown_send, ec);
@@ -425,9 +420,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
 
   std::deque<Pending> pending_;  // requests read and not yet answered, oldest first
   uint32_t next_seq_ = 0;
-  std::string out_;   // framed replies waiting for the current write
-  std::string wbuf_;  // being written
-  bool writing_ = false;
+  StreamWriter writer_;  // framed replies, written in request order
 };
 
 class TcpListener final : public Listener {

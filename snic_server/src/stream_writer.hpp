@@ -1,0 +1,48 @@
+// The write side of one TCP socket: one async_write in flight at a time. What is appended while
+// a write is in flight waits in the pending buffer, and the next write takes all of it; the two
+// buffers swap, so bytes are copied once, into pending(). Used by the socket's own thread (or
+// strand) only.
+#pragma once
+
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/system/error_code.hpp>
+#include <cstddef>
+#include <string>
+#include <utility>
+
+namespace caracal::server {
+
+class StreamWriter {
+ public:
+  // Where to append the bytes to send next.
+  std::string& pending() { return pending_; }
+  bool has_pending() const { return !pending_.empty(); }
+  bool writing() const { return writing_; }
+
+  // Starts writing everything pending, unless a write is in flight or nothing is pending (then
+  // returns false). `done(error_code)` runs when the write completes, with the writer ready for
+  // the next one; it must keep the socket and this writer alive until then (the owner captures
+  // a shared_ptr to itself in it).
+  template <class Socket, class Done>
+  bool write(Socket& socket, Done done) {
+    if (writing_ || pending_.empty()) return false;
+    writing_ = true;
+    in_flight_.swap(pending_);
+    boost::asio::async_write(
+        socket, boost::asio::buffer(in_flight_),
+        [this, done = std::move(done)](boost::system::error_code ec, size_t) mutable {
+          writing_ = false;
+          in_flight_.clear();
+          done(ec);
+        });
+    return true;
+  }
+
+ private:
+  std::string pending_;
+  std::string in_flight_;
+  bool writing_ = false;
+};
+
+}  // namespace caracal::server

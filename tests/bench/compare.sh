@@ -105,10 +105,13 @@ for server in ("caracal", "caracal_threads", "cpu"):
             sat = find(server=server, handler=handler, proto=proto, size=64, kind="saturation")
             if sat and not sat[0].get("threads"):
                 problems.append(f"{server} {handler} {proto}: no per-thread cores at saturation")
-            # The profile: the kernel's share and the server's own code both seen (each server
-            # here receives and sends through the kernel, and runs its handler in its binary).
+            # The profile: the kernel's share seen (each server here receives and sends through
+            # the kernel), and for Caracal its own code (its engine polls the rings all the
+            # time). The CPU server's own code is a thin loop around the kernel's calls: spread
+            # over symbols below the report's 0.3% cut-off, it sums to 0 in some runs.
             prof = sat[0].get("profile_pct") if sat else None
-            if have_perf and not (prof and prof["kernel rest"] > 0 and prof["server code"] > 0
+            own_code_seen = not server.startswith("caracal") or (prof and prof["server code"] > 0)
+            if have_perf and not (prof and prof["kernel rest"] > 0 and own_code_seen
                                   and sum(prof.values()) <= 100 + 1e-6 + prof["ring polling"]):
                 problems.append(f"{server} {handler} {proto}: profile {prof}")
             if not have_perf and prof:

@@ -1,8 +1,8 @@
 # caracal_add_handler(NAME SOURCES src... [LIBS lib...] [CPU_ONLY])
 #
 # Builds a host agent from one handler source: the source defines the handler type and a
-# main() that calls caracal::host::agent_main<Handler>(argc, argv) (see
-# host_init/include/caracal/host_init/agent.hpp). The result is an executable NAME that takes
+# main() that calls caracal::agent::agent_main<Handler>(argc, argv) (see
+# agent/include/caracal/agent/agent.hpp). The result is an executable NAME that takes
 # `--config FILE`, registers with a Caracal server and serves the handler on the configured
 # accelerator. LIBS are linked too (what the handler itself uses).
 #
@@ -19,7 +19,7 @@ function(caracal_add_handler name)
     message(FATAL_ERROR "caracal_add_handler(${name}): SOURCES names no handler source")
   endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE caracal::host_init ${ARG_LIBS})
+  target_link_libraries(${name} PRIVATE caracal::agent ${ARG_LIBS})
   if(CARACAL_WITH_CUDA AND NOT ARG_CPU_ONLY)
     set_source_files_properties(${ARG_SOURCES} TARGET_DIRECTORY ${name} PROPERTIES LANGUAGE CUDA)
     target_link_libraries(${name} PRIVATE caracal::accel_gpu)

@@ -28,7 +28,7 @@ for spec in "$@"; do
   fi
   echo "== $name ($archive)"
   CARACAL_COMMIT="$name ($(basename "$archive"))" SERVERS=caracal \
-    SNIC="$work/$name/build/snic_server/snic_server" \
+    SNIC="$work/$name/build/server/snic_server" \
     "$here/run.sh" "$build" "$results/$name" || failed=$((failed + 1))
 done
 exit "$failed"

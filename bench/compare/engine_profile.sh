@@ -18,7 +18,7 @@ BUILD=$(realpath "${1:?usage: engine_profile.sh BUILD_DIR RESULTS_DIR}")
 RESULTS=${2:?usage: engine_profile.sh BUILD_DIR RESULTS_DIR}
 mkdir -p "$RESULTS"
 RESULTS=$(realpath "$RESULTS")
-SNIC=${SNIC:-"$BUILD/snic_server/snic_server"}
+SNIC=${SNIC:-"$BUILD/server/snic_server"}
 POINTS=${POINTS:-"echo:udp:16384 echo:tcp:16384"}
 DURATION=${DURATION:-2}
 WARMUP=${WARMUP:-0.5}

@@ -25,7 +25,7 @@ IDLE_S=${IDLE_S:-5}
 DURATION=${DURATION:-5}
 SPARSE_MPS=${SPARSE_MPS:-200}
 POLICIES=${POLICIES:-spin backoff}
-SERVER_BIN="$BUILD/snic_server/snic_server"
+SERVER_BIN="$BUILD/server/snic_server"
 AGENT_BIN="$BUILD/examples/echo/caracal_echo_agent"
 for tool in sockperf curl python3; do
   command -v $tool >/dev/null || { echo "run.sh: $tool is missing (scripts/deps.sh test)"; exit 77; }
@@ -137,7 +137,7 @@ for n in $(seq "$ROUNDS"); do
 done
 
 commit=$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -z "$(git -C "$SRC" status --porcelain -- accel_lib host_init snic_server 2>/dev/null)" ] || commit="$commit+changes"
+[ -z "$(git -C "$SRC" status --porcelain -- accel agent server control config core mqueue 2>/dev/null)" ] || commit="$commit+changes"
 machine="$(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(uname -r), $(. /etc/os-release && echo "$PRETTY_NAME")"
 python3 "$SRC/bench/idle/report.py" "$RAW" "$commit" "$machine" "$(date -u +%Y-%m-%d)" \
   "$IDLE_S" "$DURATION" "$SPARSE_MPS" >"$OUT/README.md"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "caracal/mqueue/status.hpp"
+#include "caracal/core/status.hpp"
 #include "peer.hpp"
 
 namespace caracal::bench {

@@ -18,7 +18,7 @@
 #include <string>
 #include <thread>
 
-#include "caracal/mqueue/status.hpp"
+#include "caracal/core/status.hpp"
 
 namespace caracal::bench {
 

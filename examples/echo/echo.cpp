@@ -2,10 +2,10 @@
 // configs/echo-server.yaml:
 //
 //   caracal_echo_agent --config configs/echo-agent.yaml
-#include <caracal/host_init/agent.hpp>
+#include <caracal/agent/agent.hpp>
 
 #include "echo.hpp"
 
 int main(int argc, char** argv) {
-  return caracal::host::agent_main<caracal::examples::Echo>(argc, argv);
+  return caracal::agent::agent_main<caracal::examples::Echo>(argc, argv);
 }

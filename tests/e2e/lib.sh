@@ -22,7 +22,7 @@ set -euo pipefail
 
 BUILD=${1:?build directory}
 SRC=${2:?source directory}
-SERVER_BIN="$BUILD/snic_server/snic_server"
+SERVER_BIN="$BUILD/server/snic_server"
 ECHO_AGENT="$BUILD/examples/echo/caracal_echo_agent"
 TRANSPORT=${CARACAL_E2E_TRANSPORT:-shm}
 RDMA_ADDRESS=${CARACAL_E2E_RDMA_ADDRESS:-192.0.2.1}

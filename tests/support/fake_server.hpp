@@ -28,7 +28,7 @@
 #include "caracal/mqueue/validate.hpp"
 #include "snic_driver.hpp"
 
-namespace caracal::host::test {
+namespace caracal::agent::test {
 
 using accel::test::kWaitLimit;
 using accel::test::TxEntry;
@@ -257,4 +257,4 @@ class RegionPeer {
   uint64_t by_line_ = 0;
 };
 
-}  // namespace caracal::host::test
+}  // namespace caracal::agent::test

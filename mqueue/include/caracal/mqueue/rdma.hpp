@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "caracal/mqueue/status.hpp"
+#include "caracal/core/status.hpp"
 #include "caracal/mqueue/transport.hpp"
 
 namespace caracal::mqueue {

@@ -10,7 +10,7 @@
 
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/mqueue/platform.hpp"
-#include "caracal/mqueue/status.hpp"
+#include "caracal/core/status.hpp"
 #include "caracal/mqueue/transport.hpp"
 
 namespace caracal::mqueue {

@@ -20,7 +20,7 @@
 #include <string>
 #include <utility>
 
-#include "caracal/mqueue/status.hpp"
+#include "caracal/core/status.hpp"
 
 namespace caracal::mqueue {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "caracal/mqueue/layout.hpp"
-#include "caracal/mqueue/status.hpp"
+#include "caracal/core/status.hpp"
 
 namespace caracal::mqueue {
 

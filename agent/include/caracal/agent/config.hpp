@@ -1,0 +1,132 @@
+// An agent's configuration: what `AGENT --config FILE` reads. Parsing validates every setting
+// and reports the first bad one as "FILE:LINE:COL: PATH: message"; unknown keys are refused.
+//
+//   agent: echo-1                  # this agent's name: 1-64 of A-Z a-z 0-9 - _ .
+//   server: 127.0.0.1:7100         # the server's control endpoint (its control.listen)
+//   secret: change-me-0123456789   # or `secret_file: PATH`; one of the two, >= 16 characters
+//   accelerator: auto              # auto (the best one present), cpu, gpu:N
+//   transport: shm                 # shm (default; `auto` means shm) or rdma
+//   rdma:                          # transport rdma only (the agent must be built with rdma-core)
+//     bind_address: 192.0.2.1      # required: the IP of an RDMA device (its netdev's address),
+//                                  # which the server connects to; it is announced as is
+//     port: 0                      # 0 (default): the system picks one per service
+//     max_connections: 8           # SmartNIC connections per region at once (default 8)
+//     region_memory: host          # host (default) or gpu: the regions in the GPU's memory,
+//                                  # written by the NIC with GPUDirect RDMA (accelerator gpu:N)
+//   log_level: info                # trace, debug, info, warn, error, off
+//   cpu: { workers: 1, cpus: [1], burst: 32, idle_rounds_before_yield: 256,   # optional
+//          idle_spin_us: 200, idle_sleep_max_us: 1000 }
+//   gpu: { workers: 0, block_threads: 128, burst: 32, busy_polls: 2048,        # optional
+//          idle_sleep_max_ns: 4096, stop_timeout_ms: 5000 }
+//   reconnect_interval_ms: 200     # between connection attempts while the server is away
+//   services:
+//     - name: echo                 # a service of the server's config
+//       queues: 2                  # server queues (default 1)
+//       ring_capacity: 256         # slots per ring, power of two (default 256)
+//       slot_bytes: 256            # power of two (default 256)
+//       max_message_bytes: 1024    # largest request or reply; at most half a ring
+//       rx_lines: auto             # auto (default), on or off: announce every request in an LL
+//                                  # line that the accelerator polls (mqueue/layout.hpp); auto
+//                                  # is on for a GPU polling a region in host memory
+//       tx_lines: auto             # auto (default), on or off: the accelerator announces short
+//                                  # replies in LL lines that the server polls; auto is on for a
+//                                  # GPU writing a region in host memory over shm
+//       client_queues:             # optional; client queue c calls client_queues[c]
+//         - { destination: memcached }
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "caracal/accel/cpu.hpp"
+#include "caracal/accel/gpu/options.hpp"
+#include "caracal/config/yaml.hpp"
+#include "caracal/mqueue/layout.hpp"
+#include "caracal/core/status.hpp"
+
+namespace caracal::agent {
+
+enum class AcceleratorKind : uint8_t { kAuto, kCpu, kGpu };
+
+// What the configuration asks for; resolve_accelerator (accelerator.hpp) turns `auto` into the
+// accelerator that will run.
+struct AcceleratorSetting {
+  AcceleratorKind kind = AcceleratorKind::kAuto;
+  uint32_t gpu = 0;  // device index for kGpu
+  std::string str() const;
+};
+
+enum class TransportKind : uint8_t { kShm, kRdma };
+
+// transport rdma: where the regions live. kGpu (the Lynx placement) puts them in the memory of
+// the agent's GPU, so the kernel polls locally and the NIC writes them with GPUDirect RDMA; it
+// needs the GPU accelerator named as gpu:N.
+enum class RegionMemory : uint8_t { kHost, kGpu };
+
+// transport rdma: where each service's RdmaRegionExporter listens (mqueue/rdma.hpp).
+struct RdmaAgentConfig {
+  std::string bind_address;
+  uint16_t port = 0;  // one exporter per service: a fixed port serves one service only
+  uint32_t max_connections = 8;
+  RegionMemory region_memory = RegionMemory::kHost;
+};
+
+struct ClientQueueConfig {
+  std::string destination;  // a destination of the server's config
+};
+
+// Whether a service's region has RX lines, TX lines (mqueue/layout.hpp). RX lines save a GPU
+// that polls its rings across PCIe one read per request; a CPU, or a GPU polling its own
+// memory, gains nothing and the SmartNIC writes a line more per request. TX lines let the server
+// take a GPU's short reply without waiting for the fence that publishes the tail; only a server
+// that reads the region in place (shm) polls them.
+enum class Lines : uint8_t { kAuto, kOn, kOff };
+
+struct ServiceConfig {
+  std::string name;
+  uint32_t queues = 1;
+  uint32_t ring_capacity = 256;
+  uint32_t slot_bytes = 256;
+  uint32_t max_message_bytes = 0;
+  Lines rx_lines = Lines::kAuto;
+  Lines tx_lines = Lines::kAuto;
+  std::vector<ClientQueueConfig> client_queues;
+
+  // `gpu_across_pcie`: the accelerator that serves the region is a GPU and the region is in
+  // host memory, which is what rx_lines `auto` turns lines on for; with `shm` as well, tx_lines
+  // `auto` turns them on.
+  mqueue::RegionGeometry geometry(bool gpu_across_pcie = false, bool shm = false) const;
+  // Client queue destinations in client-queue order, as the region announcement lists them.
+  std::vector<std::string> destinations() const;
+};
+
+struct AgentConfig {
+  std::string agent;
+  config::HostPort server;
+  std::string secret;
+  AcceleratorSetting accelerator;
+  TransportKind transport = TransportKind::kShm;
+  RdmaAgentConfig rdma;
+  std::string log_level = "info";
+  accel::CpuOptions cpu;
+  accel::GpuOptions gpu;
+  uint32_t reconnect_interval_ms = 200;
+  std::vector<ServiceConfig> services;
+};
+
+// Whether the agent can run an accelerator setting (check_accelerator_available with the
+// agent's backends); its error is reported at the setting's line.
+using AcceleratorCheck = std::function<Status(const AcceleratorSetting&)>;
+
+// Throws config::ConfigError naming the file, line, column and key of the first bad setting.
+AgentConfig parse_agent_config(const config::Field& root, const AcceleratorCheck& check = {});
+AgentConfig load_agent_config(const std::string& path, const AcceleratorCheck& check = {});
+
+// Agent, service and destination names: what the control protocol accepts, so that they go
+// into logs, metric labels and shm names as they are.
+bool is_valid_name(std::string_view name);
+
+}  // namespace caracal::agent

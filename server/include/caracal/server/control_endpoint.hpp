@@ -1,0 +1,76 @@
+// Where agents register (control/protocol.hpp has the messages). Each agent connection is a
+// session: hello with the shared secret (compared in constant time), then one region per
+// service, each validated before the server touches it, then heartbeats. A session whose
+// connection closes or whose heartbeats stop is lost: its regions leave dispatch and their
+// requests in flight fail visibly. A later hello with the same agent name and a new epoch
+// replaces a registration that is still there (the agent restarted before we noticed).
+//
+// transport rdma: connecting to the agent's exporter and attaching block (up to the
+// control.rdma_connect_timeout_ms of the config, per step), so they run on the endpoint's own
+// connect thread, one at a time, and the result is posted back to the session. When an rdma
+// region's transport fails (the engine drops it and fails its requests in flight) while its
+// agent is still registered, the session reconnects with backoff (100 ms doubling up to
+// control.rdma_reconnect_max_ms) and re-admits the region once connect and attach succeed.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "caracal/core/status.hpp"
+#include "caracal/server/config.hpp"
+#include "caracal/server/destinations.hpp"
+#include "caracal/server/engine.hpp"
+#include "caracal/server/metrics.hpp"
+#include "caracal/server/service.hpp"
+
+namespace caracal::server {
+
+class ControlSession;
+class BlockingWorker;
+
+class ControlEndpoint {
+ public:
+  ControlEndpoint(boost::asio::io_context& io, const ServerConfig& config, Engine& engine,
+                  std::map<std::string, Service*> services, Destinations& destinations,
+                  Registry& metrics);
+  ~ControlEndpoint();
+
+  Status listen();
+  uint16_t port() const { return port_; }
+  // Stops accepting and drops every session (their regions are failed).
+  void stop();
+
+  size_t agent_count() const;
+
+ private:
+  friend class ControlSession;
+  void accept();
+  // Registers `session` as the live one for its agent name; the previous one is lost.
+  std::shared_ptr<ControlSession> take_name(const std::string& agent,
+                                            std::shared_ptr<ControlSession> session);
+  void forget(const std::string& agent, const ControlSession* session);
+  void publish_agent_count_locked();  // caller holds m_
+
+  boost::asio::io_context& io_;
+  const ServerConfig& config_;
+  Engine& engine_;
+  std::map<std::string, Service*> services_;
+  Destinations& destinations_;
+  Registry& metrics_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  uint16_t port_ = 0;
+  Gauge& agents_gauge_;
+  Counter& rdma_reconnects_;
+  Counter& rdma_reconnect_failures_;
+  std::unique_ptr<BlockingWorker> worker_;  // rdma connects
+
+  mutable std::mutex m_;
+  std::map<std::string, std::weak_ptr<ControlSession>> agents_;
+  std::vector<std::weak_ptr<ControlSession>> sessions_;
+};
+
+}  // namespace caracal::server

@@ -1,0 +1,122 @@
+// The network front: UDP and TCP listeners through Boost.Asio.
+//
+// I/O threads: each runs its own io_context (IoPool), so that a socket's completions run on the
+// thread that waited for them, with no hand-off between threads per datagram.
+//
+// UDP: one datagram is one message; the reply goes to the sender's address from the same
+// port. With several I/O threads the listener opens one socket per thread on the same port
+// (SO_REUSEPORT), so the kernel spreads datagrams over them; socket i is served by thread i.
+// Once a receive completes, the socket's thread takes what else has queued up with recvmmsg(). A
+// datagram longer than the service's max_message_bytes, or one that finds every queue congested, is
+// dropped and counted.
+//
+// TCP: per-listener framing (framing.hpp). Each connection keeps its requests in order: it
+// numbers them, and replies (which may come back out of order from different queues) leave in
+// that order. Accepted connections go to the I/O threads in turn. A connection stops reading when
+// it has max_pipeline requests unanswered, or when the service's queues are congested
+// (backpressure), and resumes when there is room again. Malformed or oversize input closes that
+// connection, with the reason logged (after an error reply if the listener has error_reply).
+//
+// DPDK (`kind: dpdk`, dpdk_port.hpp): UDP on the server's DPDK port, with the same dispatch,
+// replies, counters and drop reasons as the Asio UDP listener.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caracal/core/status.hpp"
+#include "caracal/server/config.hpp"
+#include "caracal/server/metrics.hpp"
+#include "caracal/server/reply.hpp"
+
+namespace caracal::server {
+
+class Service;
+class DpdkPort;
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // Binds and starts serving; the error names the address.
+  virtual Status start() = 0;
+  // Stops taking new connections and datagrams; connections finish the requests they have.
+  virtual void stop() = 0;
+  // Closes every connection now.
+  virtual void close_all() = 0;
+  virtual uint16_t port() const = 0;
+  virtual const std::string& name() const = 0;
+};
+
+// The server's I/O contexts, one per I/O thread (the io_context-per-thread design). Context 0
+// also carries the control and metrics endpoints, the destinations' connections and the
+// listening sockets. Any thread may post to any context.
+class IoPool {
+ public:
+  explicit IoPool(uint32_t threads) {
+    for (uint32_t i = 0; i < (threads == 0 ? 1 : threads); ++i) {
+      contexts_.push_back(std::make_unique<Context>());
+    }
+  }
+  // Handlers still queued when the pool goes (a listener's close, a burst of replies) may hold
+  // the last reference to a listener whose sockets belong to other contexts of the pool, and
+  // destroying it then touches those contexts' services. So every context is shut down first,
+  // which destroys the queued handlers while all the services still exist, and only then are
+  // the contexts destroyed (their own shutdown then finds nothing left to do).
+  ~IoPool() {
+    for (auto& c : contexts_)
+      c->shutdown();
+  }
+  IoPool(const IoPool&) = delete;
+  IoPool& operator=(const IoPool&) = delete;
+  size_t size() const { return contexts_.size(); }
+  boost::asio::io_context& main() { return *contexts_[0]; }
+  boost::asio::io_context& at(size_t i) { return *contexts_[i % contexts_.size()]; }
+  // The contexts in turn, for new connections. Any thread.
+  boost::asio::io_context& next() {
+    return at(next_.fetch_add(1, std::memory_order_relaxed));  // a counter: no ordering needed
+  }
+  void stop() {
+    for (auto& c : contexts_)
+      c->stop();
+  }
+
+ private:
+  class Context : public boost::asio::io_context {
+   public:
+    // Concurrency hint 1: one thread runs each context (locking stays on, for the posts from
+    // the engine and from the other contexts).
+    Context() : boost::asio::io_context(1) {}
+    using boost::asio::execution_context::shutdown;
+  };
+  std::vector<std::unique_ptr<Context>> contexts_;
+  std::atomic<size_t> next_{0};
+};
+
+struct ListenerDeps {
+  IoPool& io;
+  Service& service;
+  ReplyTable& replies;
+  Registry& metrics;
+  DpdkPort* dpdk = nullptr;  // the server's DPDK port, for `kind: dpdk` listeners
+  // The engine runs in the I/O threads (engine_threads: 0): an engine thread that sends a burst
+  // itself is an I/O thread already, so a UDP listener never hands a burst to another one.
+  bool engine_hosted = false;
+};
+
+std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps);
+
+// Opens, binds (SO_REUSEADDR) and listens on `at` (an IP address or localhost). Returns the
+// bound port (port 0 asks the OS for one); the error names `what` and the address.
+Result<uint16_t> listen_tcp(boost::asio::ip::tcp::acceptor& acceptor, const config::HostPort& at,
+                            const std::string& what);
+
+// The error text a listener sends for a failed request, or nothing if it sends none.
+std::optional<std::string> format_error_reply(const ListenerConfig& config,
+                                              const std::string& reason);
+
+}  // namespace caracal::server

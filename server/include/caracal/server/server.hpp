@@ -1,0 +1,73 @@
+// snic_server as a library: everything a config describes, started and stopped as one. main.cpp
+// adds the command line and signals; tests start a Server in-process or run the binary.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "caracal/core/status.hpp"
+#include "caracal/server/config.hpp"
+#include "caracal/server/control_endpoint.hpp"
+#include "caracal/server/destinations.hpp"
+#include "caracal/server/dpdk_port.hpp"
+#include "caracal/server/engine.hpp"
+#include "caracal/server/listeners.hpp"
+#include "caracal/server/metrics.hpp"
+#include "caracal/server/reply.hpp"
+#include "caracal/server/service.hpp"
+
+namespace caracal::server {
+
+struct ServerOptions {
+  // Requests of one server in flight at once (TCP connections and UDP requests share them).
+  uint32_t reply_slots = 65536;
+  // How long stop() waits for requests in flight before failing them.
+  std::chrono::milliseconds drain{3000};
+};
+
+class Server {
+ public:
+  explicit Server(ServerConfig config, ServerOptions options = {});
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds every listener and the control and metrics endpoints, starts the I/O threads and the
+  // engine. The error names what could not start.
+  Status start();
+  // Stops taking requests, waits (up to options.drain) for the ones in flight to be answered,
+  // then closes connections, fails what is left and joins every thread.
+  void stop();
+
+  // Bound ports (useful with port 0 in tests): "service/protocol/index" -> port.
+  uint16_t listener_port(const std::string& service, size_t index) const;
+  uint16_t control_port() const { return control_ ? control_->port() : 0; }
+  uint16_t metrics_port() const;
+  Registry& metrics() { return metrics_; }
+  const ServerConfig& config() const { return config_; }
+
+ private:
+  ServerConfig config_;
+  ServerOptions options_;
+  // Declaration order is teardown order in reverse: the I/O context goes before the services,
+  // engine and reply table its pending handlers refer to.
+  Registry metrics_;
+  ReplyTable replies_;
+  Engine engine_;
+  std::vector<std::unique_ptr<Service>> services_;
+  IoPool io_;
+  std::unique_ptr<Destinations> destinations_;
+  std::unique_ptr<DpdkPort> dpdk_;  // with a `dpdk:` section; its listeners refer to it
+  std::map<std::string, std::vector<std::unique_ptr<Listener>>> listeners_;
+  std::unique_ptr<ControlEndpoint> control_;
+  std::unique_ptr<MetricsServer> metrics_server_;
+  std::vector<std::thread> threads_;
+  bool started_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace caracal::server

@@ -1,0 +1,561 @@
+#include "caracal/server/control_endpoint.hpp"
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "caracal/control/connection.hpp"
+#include "caracal/control/protocol.hpp"
+#include "caracal/server/listeners.hpp"
+
+namespace caracal::server {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+using Clock = std::chrono::steady_clock;
+
+// One thread that runs blocking jobs (rdma connects) in order, off the I/O threads. stop()
+// drops what has not started and joins the running job.
+class BlockingWorker {
+ public:
+  BlockingWorker() : thread_([this] { run(); }) {}
+  ~BlockingWorker() { stop(); }
+
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard lock(m_);
+      if (stopping_) return;
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(m_);
+      stopping_ = true;
+      jobs_.clear();
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    pthread_setname_np(pthread_self(), "caracal-connect");
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(m_);
+        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (stopping_) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class ControlSession : public std::enable_shared_from_this<ControlSession> {
+ public:
+  ControlSession(ControlEndpoint& endpoint, tcp::socket socket)
+      : ep_(endpoint),
+        conn_(std::make_shared<control::Connection>(std::move(socket))),
+        timer_(conn_->socket().get_executor()) {}
+
+  void start() {
+    last_heard_ = Clock::now();
+    arm_timer();
+    // The callbacks hold the session until the connection closes (control::Connection).
+    conn_->start({
+        .on_message =
+            [self = shared_from_this()](control::Message&& m) {
+              self->last_heard_ = Clock::now();
+              return self->handle(m);
+            },
+        .on_end =
+            [self = shared_from_this()](control::Connection::Ending ending,
+                                        const std::string& why) {
+              switch (ending) {
+                case control::Connection::Ending::kClosed: return self->lose("connection closed");
+                case control::Connection::Ending::kBroken: return self->lose(why);
+                case control::Connection::Ending::kMalformed: return self->refuse_and_close("", why);
+              }
+            },
+    });
+    origin_ = conn_->origin();
+  }
+
+  // Drops the session from outside (server shutdown, or replaced by a new epoch).
+  void lose_later(std::string reason) {
+    asio::post(conn_->socket().get_executor(),
+               [self = shared_from_this(), r = std::move(reason)] { self->lose(r); });
+  }
+
+  const std::string& agent() const { return hello_.agent; }
+
+ private:
+  void arm_timer() {
+    timer_.expires_after(std::chrono::milliseconds(ep_.config_.control.agent_timeout_ms / 4 + 1));
+    timer_.async_wait([self = shared_from_this()](error_code ec) {
+      if (ec || self->closed_) return;
+      const auto silent = Clock::now() - self->last_heard_;
+      const auto limit = std::chrono::milliseconds(self->ep_.config_.control.agent_timeout_ms);
+      if (silent > limit) {
+        self->lose(
+            "no heartbeat for " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+            " ms");
+        return;
+      }
+      self->arm_timer();
+    });
+  }
+
+  // Returns whether to keep reading.
+  bool handle(const control::Message& message) {
+    if (!hello_done_) {
+      const auto* hello = std::get_if<control::Hello>(&message);
+      if (hello == nullptr) {
+        refuse_and_close(
+            "", "the first message must be hello, not " + std::string(control::type_name(message)));
+        return false;
+      }
+      return on_hello(*hello);
+    }
+    if (const auto* region = std::get_if<control::RegionAnnounce>(&message)) {
+      on_region(*region);
+      return true;
+    }
+    if (std::holds_alternative<control::Heartbeat>(message)) {
+      send(control::Heartbeat{});
+      return true;
+    }
+    if (std::holds_alternative<control::Bye>(message)) {
+      on_bye();
+      return false;
+    }
+    refuse_and_close("", std::string("unexpected ") + control::type_name(message) + " message");
+    return false;
+  }
+
+  bool on_hello(const control::Hello& hello) {
+    if (!control::secrets_equal(hello.secret, ep_.config_.control.secret)) {
+      SPDLOG_WARN("{}: agent '{}' refused: wrong secret", origin_, hello.agent);
+      refuse_and_close("", "authentication failed: wrong secret");
+      return false;
+    }
+    hello_ = hello;
+    hello_done_ = true;
+    std::shared_ptr<ControlSession> previous = ep_.take_name(hello.agent, shared_from_this());
+    if (previous) {
+      if (previous->hello_.epoch == hello.epoch) {
+        // Same name and epoch: a second connection of a live agent, not a restart.
+        ep_.take_name(hello.agent, previous);
+        hello_done_ = false;
+        refuse_and_close("", "agent '" + hello.agent + "' with this epoch is already registered");
+        return false;
+      }
+      previous->lose_later("replaced by a new registration of the agent with a new epoch");
+    }
+    spdlog::info("{}: agent '{}' registered (epoch {:016x}, accelerator {})", origin_, hello.agent,
+                 hello.epoch, hello.accelerator.empty() ? "?" : hello.accelerator);
+    send(control::Welcome{ep_.config_.control.heartbeat_interval_ms,
+                          ep_.config_.control.agent_timeout_ms});
+    return true;
+  }
+
+  void on_region(const control::RegionAnnounce& r) {
+    const std::string what = "agent '" + hello_.agent + "' region for service '" + r.service + "'";
+    auto svc = ep_.services_.find(r.service);
+    if (svc == ep_.services_.end()) {
+      std::string known;
+      for (const auto& [name, s] : ep_.services_)
+        known += (known.empty() ? "" : ", ") + name;
+      return refuse_region(r.service, what + ": no such service (configured: " + known + ")");
+    }
+    for (const auto& a : regions_) {
+      if (a->service() == svc->second) {
+        return refuse_region(r.service, what + ": this agent already serves the service");
+      }
+    }
+    if (r.transport == "rdma" && !control::rdma_available()) {
+      return refuse_region(r.service, what +
+                                          ": transport rdma: this server was built without "
+                                          "rdma-core (libibverbs, librdmacm)");
+    }
+    for (size_t c = 0; c < r.destinations.size(); ++c) {
+      if (!ep_.destinations_.has(r.destinations[c])) {
+        return refuse_region(
+            r.service, what + ": destinations[" + std::to_string(c) + "]: '" + r.destinations[c] +
+                           "' is not a destination (configured: " + ep_.destinations_.names() +
+                           ")");
+      }
+    }
+    if (r.transport == "rdma") {
+      if (rdma_.contains(r.service)) {
+        return refuse_region(r.service, what + ": this agent already serves the service");
+      }
+      rdma_[r.service] =
+          RdmaState{r, svc->second, std::make_shared<asio::steady_timer>(conn_->socket().get_executor())};
+      spdlog::info("{}: {}: connecting to rdma {}:{}", origin_, what, r.rdma_host, r.rdma_port);
+      connect_rdma(r.service, /*first=*/true);
+      return;
+    }
+    Result<std::unique_ptr<RegionBinding>> binding = bind_shm_region(r.shm_name, r.region_bytes);
+    admit(r, svc->second, std::move(binding), /*first=*/true);
+  }
+
+  // rdma: connects and attaches on the endpoint's connect thread, then admits (or retries)
+  // back on this session's strand.
+  void connect_rdma(const std::string& service, bool first) {
+    const RdmaState& st = rdma_.at(service);
+    const ControlConfig& c = ep_.config_.control;
+    RdmaRegionTarget target{.host = st.announce.rdma_host,
+                            .port = st.announce.rdma_port,
+                            .address = st.announce.rdma_address,
+                            .rkey = st.announce.rdma_rkey,
+                            .region_bytes = st.announce.region_bytes,
+                            .timeout = std::chrono::milliseconds(c.rdma_connect_timeout_ms),
+                            .ack_timeout = c.rdma_ack_timeout,
+                            .retry_count = c.rdma_retry_count};
+    ep_.worker_->submit([self = shared_from_this(), target, service, first] {
+      auto binding =
+          std::make_shared<Result<std::unique_ptr<RegionBinding>>>(bind_rdma_region(target));
+      asio::post(self->conn_->socket().get_executor(), [self, service, first, binding] {
+        self->rdma_connected(service, first, std::move(*binding));
+      });
+    });
+  }
+
+  void rdma_connected(const std::string& service, bool first,
+                      Result<std::unique_ptr<RegionBinding>> binding) {
+    auto it = rdma_.find(service);
+    if (closed_ || detaching_ || it == rdma_.end()) return;  // dropped meanwhile
+    RdmaState& st = it->second;
+    if (first) {
+      if (!admit(st.announce, st.service, std::move(binding), true)) rdma_.erase(it);
+      return;
+    }
+    const std::string what = "agent '" + hello_.agent + "' region for service '" + service + "'";
+    if (!binding.ok()) {
+      ep_.rdma_reconnect_failures_.inc();
+      const uint32_t attempt = st.attempts;
+      schedule_reconnect(service);  // sets the wait before the next try
+      SPDLOG_WARN("{}: {}: reconnect {} failed: {}; next try in {} ms", origin_, what, attempt,
+                  binding.status().message(), st.backoff.count());
+      return;
+    }
+    if (admit(st.announce, st.service, std::move(binding), false)) {
+      ep_.rdma_reconnects_.inc();
+      st.backoff = std::chrono::milliseconds(0);
+      st.attempts = 0;
+    } else {
+      rdma_.erase(it);  // admit logged why (a region that changed under us): no more tries
+    }
+  }
+
+  // The engine dropped a region for a fault (engine thread -> posted here).
+  void on_region_fault(const AgentRegion* region, const std::string& fault) {
+    auto it = std::find_if(regions_.begin(), regions_.end(),
+                           [&](const auto& r) { return r.get() == region; });
+    if (closed_ || it == regions_.end()) return;
+    const std::string service = (*it)->service()->name();
+    regions_.erase(it);
+    if (detaching_ || !rdma_.contains(service)) return;
+    SPDLOG_WARN(
+        "{}: agent '{}' region for service '{}' left dispatch ({}); the agent is still "
+        "registered: reconnecting",
+        origin_, hello_.agent, service, fault);
+    schedule_reconnect(service);
+  }
+
+  void schedule_reconnect(const std::string& service) {
+    RdmaState& st = rdma_.at(service);
+    const auto max = std::chrono::milliseconds(ep_.config_.control.rdma_reconnect_max_ms);
+    st.backoff =
+        st.backoff.count() == 0 ? std::chrono::milliseconds(100) : std::min(st.backoff * 2, max);
+    ++st.attempts;
+    st.timer->expires_after(st.backoff);
+    st.timer->async_wait([self = shared_from_this(), service](error_code ec) {
+      if (ec || self->closed_ || self->detaching_ || !self->rdma_.contains(service)) return;
+      self->connect_rdma(service, /*first=*/false);
+    });
+  }
+
+  // Checks a bound region against the hello and the announcement and puts it into dispatch.
+  // `first`: answer the announcement (attached or refused); otherwise a re-admission after a
+  // reconnect, logged. Returns whether the region is in dispatch.
+  bool admit(const control::RegionAnnounce& r, Service* svc,
+             Result<std::unique_ptr<RegionBinding>> binding, bool first) {
+    const std::string what = "agent '" + hello_.agent + "' region for service '" + r.service + "'";
+    auto refuse = [&](const std::string& message) {
+      if (first) {
+        refuse_region(r.service, message);
+      } else {
+        SPDLOG_ERROR("{}: {}; not re-admitted", origin_, message);
+      }
+      return false;
+    };
+    if (!binding.ok()) return refuse(what + ": " + binding.status().message());
+    const mqueue::RegionHeader& h = (*binding)->header();
+    if (h.agent_epoch != hello_.epoch) {
+      return refuse(what + ": the region's epoch " + std::to_string(h.agent_epoch) +
+                    " is not the agent's epoch " + std::to_string(hello_.epoch));
+    }
+    if (h.client_queue_count != r.destinations.size()) {
+      return refuse(what + ": the region has " + std::to_string(h.client_queue_count) +
+                    " client queues but " + std::to_string(r.destinations.size()) +
+                    " destinations were named");
+    }
+    auto region =
+        std::make_shared<AgentRegion>(hello_.agent, hello_.epoch, svc, std::move(binding).value());
+    std::vector<std::shared_ptr<ClientLink>> links;
+    for (uint32_t c = 0; c < h.client_queue_count; ++c) {
+      links.push_back(ep_.destinations_.make_link(
+          r.destinations[c], region->inbox_ptr(mqueue::client_queue_index(h, c))));
+    }
+    region->set_links(std::move(links));
+    if (r.transport == "rdma") {
+      std::weak_ptr<ControlSession> weak = weak_from_this();
+      const AgentRegion* raw = region.get();
+      region->set_on_fault([weak, raw](const std::string& fault) {
+        if (auto self = weak.lock()) {
+          asio::post(self->conn_->socket().get_executor(),
+                     [self, raw, fault] { self->on_region_fault(raw, fault); });
+        }
+      });
+    }
+    if (Status s = svc->add(region); !s.ok()) return refuse(what + ": " + s.message());
+    ep_.engine_.attach(region);
+    regions_.push_back(region);
+    if (first) {
+      spdlog::info(
+          "{}: {} attached: {} server queue(s), {} client queue(s), {} slots of {} B, "
+          "messages up to {} B, transport {}{}",
+          origin_, what, h.server_queue_count, h.client_queue_count, h.ring_capacity, h.slot_bytes,
+          h.max_message_bytes, r.transport, mqueue::lines_suffix(h));
+      send(control::Attached{r.service});
+    } else {
+      spdlog::info("{}: {} re-admitted after an rdma reconnect", origin_, what);
+    }
+    return true;
+  }
+
+  void refuse_region(const std::string& service, const std::string& message) {
+    SPDLOG_WARN("{}: {}", origin_, message);
+    send(control::Refused{service, message});
+  }
+
+  void on_bye() {
+    spdlog::info("{}: agent '{}' is leaving; draining {} region(s)", origin_, hello_.agent,
+                 regions_.size());
+    detaching_ = true;
+    timer_.cancel();
+    auto remaining = std::make_shared<size_t>(regions_.size());
+    if (regions_.empty()) {
+      finish_bye();
+      return;
+    }
+    for (auto& region : regions_) {
+      region->service()->remove(region.get());
+      ep_.engine_.detach(region, std::chrono::seconds(5), [self = shared_from_this(), remaining] {
+        asio::post(self->conn_->socket().get_executor(), [self, remaining] {
+          if (--*remaining == 0) self->finish_bye();
+        });
+      });
+    }
+  }
+
+  void finish_bye() {
+    regions_.clear();
+    ep_.forget(hello_.agent, this);
+    spdlog::info("{}: agent '{}' detached", origin_, hello_.agent);
+    send(control::Bye{});
+    close(/*after_sending=*/true);
+  }
+
+  // The agent is gone (or must go): out of dispatch, requests in flight failed.
+  void lose(const std::string& reason) {
+    if (closed_) return;
+    if (!regions_.empty() || !rdma_.empty()) {
+      SPDLOG_WARN("{}: agent '{}' lost: {}", origin_, hello_.agent, reason);
+    } else {
+      spdlog::info("{}: {}", origin_, reason);
+    }
+    for (auto& region : regions_) {
+      region->service()->remove(region.get());
+      if (!detaching_) {
+        ep_.engine_.fail(region, "agent " + hello_.agent + " lost: " + reason);
+      }
+    }
+    regions_.clear();
+    if (hello_done_) ep_.forget(hello_.agent, this);
+    close();
+  }
+
+  void refuse_and_close(const std::string& service, const std::string& message) {
+    SPDLOG_WARN("{}: {}", origin_, message);
+    send(control::Refused{service, message});
+    for (auto& region : regions_) {
+      region->service()->remove(region.get());
+      ep_.engine_.fail(region, "agent " + hello_.agent + " refused: " + message);
+    }
+    regions_.clear();
+    if (hello_done_) ep_.forget(hello_.agent, this);
+    close(/*after_sending=*/true);
+  }
+
+  void send(const control::Message& m) { conn_->send(m); }
+
+  // Ends the session: its timers stop and, once what was sent is written (a refusal, a bye),
+  // the connection closes.
+  void close(bool after_sending = false) {
+    if (closed_) return;
+    closed_ = true;
+    timer_.cancel();
+    for (auto& [service, st] : rdma_)
+      st.timer->cancel();
+    rdma_.clear();
+    if (after_sending) {
+      conn_->close_after_sending();
+    } else {
+      conn_->close();
+    }
+  }
+
+  ControlEndpoint& ep_;
+  std::shared_ptr<control::Connection> conn_;
+  asio::steady_timer timer_;
+  std::string origin_ = "control ?";
+  bool closed_ = false;
+  bool hello_done_ = false;
+  bool detaching_ = false;
+  control::Hello hello_;
+  Clock::time_point last_heard_;
+  std::vector<std::shared_ptr<AgentRegion>> regions_;
+  // transport rdma, by service: the announcement, kept to reconnect with while the agent is
+  // registered (from the announcement until the session ends or the region is refused).
+  struct RdmaState {
+    control::RegionAnnounce announce;
+    Service* service = nullptr;
+    std::shared_ptr<asio::steady_timer> timer;
+    std::chrono::milliseconds backoff{0};
+    uint32_t attempts = 0;
+  };
+  std::map<std::string, RdmaState> rdma_;
+};
+
+ControlEndpoint::ControlEndpoint(asio::io_context& io, const ServerConfig& config, Engine& engine,
+                                 std::map<std::string, Service*> services,
+                                 Destinations& destinations, Registry& metrics)
+    : io_(io),
+      config_(config),
+      engine_(engine),
+      services_(std::move(services)),
+      destinations_(destinations),
+      metrics_(metrics),
+      acceptor_(io),
+      agents_gauge_(metrics.gauge("caracal_agents", "Agents registered now")),
+      rdma_reconnects_(metrics.counter("caracal_rdma_reconnects_total",
+                                       "rdma regions re-admitted after their transport failed")),
+      rdma_reconnect_failures_(metrics.counter("caracal_rdma_reconnect_failures_total",
+                                               "Failed tries to reconnect an rdma region")),
+      worker_(std::make_unique<BlockingWorker>()) {}
+
+void ControlEndpoint::publish_agent_count_locked() {
+  agents_gauge_.set(static_cast<int64_t>(std::count_if(
+      agents_.begin(), agents_.end(), [](const auto& kv) { return !kv.second.expired(); })));
+}
+
+ControlEndpoint::~ControlEndpoint() {
+  stop();
+}
+
+Status ControlEndpoint::listen() {
+  Result<uint16_t> port = listen_tcp(acceptor_, config_.control.listen, "control endpoint");
+  if (!port.ok()) return port.status();
+  port_ = *port;
+  accept();
+  return Status::ok_status();
+}
+
+void ControlEndpoint::accept() {
+  acceptor_.async_accept(asio::make_strand(io_), [this](error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec) {
+      SPDLOG_WARN("control endpoint: accept failed: {}", ec.message());
+    } else {
+      error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      auto s = std::make_shared<ControlSession>(*this, std::move(socket));
+      {
+        std::lock_guard lock(m_);
+        std::erase_if(sessions_, [](const auto& w) { return w.expired(); });
+        sessions_.push_back(s);
+      }
+      s->start();
+    }
+    accept();
+  });
+}
+
+void ControlEndpoint::stop() {
+  error_code ec;
+  acceptor_.close(ec);
+  std::vector<std::shared_ptr<ControlSession>> live;
+  {
+    std::lock_guard lock(m_);
+    for (auto& w : sessions_) {
+      if (auto s = w.lock()) live.push_back(std::move(s));
+    }
+    sessions_.clear();
+  }
+  for (auto& s : live)
+    s->lose_later("server shutting down");
+  // A connect in progress finishes (its result is dropped: the sessions are closing).
+  worker_->stop();
+}
+
+std::shared_ptr<ControlSession> ControlEndpoint::take_name(
+    const std::string& agent, std::shared_ptr<ControlSession> session) {
+  std::lock_guard lock(m_);
+  std::weak_ptr<ControlSession>& slot = agents_[agent];
+  std::shared_ptr<ControlSession> previous = slot.lock();
+  slot = session;
+  publish_agent_count_locked();
+  return previous == session ? nullptr : previous;
+}
+
+void ControlEndpoint::forget(const std::string& agent, const ControlSession* session) {
+  std::lock_guard lock(m_);
+  auto it = agents_.find(agent);
+  if (it != agents_.end()) {
+    auto s = it->second.lock();
+    if (!s || s.get() == session) agents_.erase(it);
+  }
+  publish_agent_count_locked();
+}
+
+size_t ControlEndpoint::agent_count() const {
+  std::lock_guard lock(m_);
+  return agents_.size();
+}
+
+}  // namespace caracal::server

@@ -98,67 +98,36 @@ Result<DeviceInfo> describe_device(int device) {
 
 // --- owned memory and streams ---------------------------------------------------------------
 
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    reset();
-    data_ = std::exchange(o.data_, nullptr);
-    size_ = std::exchange(o.size_, 0);
-  }
-  return *this;
-}
+namespace detail {
+void FreeDevice::operator()(const DeviceAllocation& a) const { cudaFree(a.data); }
+void FreeHost::operator()(const HostMapping& m) const { cudaFreeHost(m.host); }
+void UnregisterHost::operator()(const HostMapping& m) const { cudaHostUnregister(m.host); }
+void DestroyStream::operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+}  // namespace detail
 
 Result<DeviceBuffer> DeviceBuffer::allocate(uint64_t bytes, const std::string& what) {
-  DeviceBuffer b;
   void* p = nullptr;
   CARACAL_RETURN_IF_ERROR(cuda_status(
       cudaMalloc(&p, bytes), what + ": cudaMalloc of " + std::to_string(bytes) + " bytes"));
-  b.data_ = static_cast<std::byte*>(p);
-  b.size_ = bytes;
+  DeviceBuffer b;
+  b.owned_ = decltype(b.owned_)({static_cast<std::byte*>(p), bytes});
   CARACAL_RETURN_IF_ERROR(cuda_status(cudaMemset(p, 0, bytes), what + ": cudaMemset"));
   return b;
 }
 
-void DeviceBuffer::reset() {
-  if (data_ != nullptr) cudaFree(data_);
-  data_ = nullptr;
-  size_ = 0;
-}
-
-MappedBuffer& MappedBuffer::operator=(MappedBuffer&& o) noexcept {
-  if (this != &o) {
-    reset();
-    m_ = std::exchange(o.m_, {});
-  }
-  return *this;
-}
-
 Result<MappedBuffer> MappedBuffer::allocate(uint64_t bytes, const std::string& what) {
-  MappedBuffer b;
   void* host = nullptr;
   CARACAL_RETURN_IF_ERROR(
       cuda_status(cudaHostAlloc(&host, bytes, cudaHostAllocMapped),
                   what + ": cudaHostAlloc of " + std::to_string(bytes) + " bytes"));
-  b.m_.host = static_cast<std::byte*>(host);
-  b.m_.size = bytes;
-  std::fill(b.m_.host, b.m_.host + bytes, std::byte{0});
+  MappedBuffer b;
+  b.owned_ = decltype(b.owned_)({static_cast<std::byte*>(host), nullptr, bytes});  // freed on error
+  std::fill(b.host(), b.host() + bytes, std::byte{0});
   void* dev = nullptr;
   CARACAL_RETURN_IF_ERROR(
       cuda_status(cudaHostGetDevicePointer(&dev, host, 0), what + ": cudaHostGetDevicePointer"));
-  b.m_.device = static_cast<std::byte*>(dev);
+  b.owned_.get().device = static_cast<std::byte*>(dev);
   return b;
-}
-
-void MappedBuffer::reset() {
-  if (m_.host != nullptr) cudaFreeHost(m_.host);
-  m_ = {};
-}
-
-MappedHostRange& MappedHostRange::operator=(MappedHostRange&& o) noexcept {
-  if (this != &o) {
-    reset();
-    m_ = std::exchange(o.m_, {});
-  }
-  return *this;
 }
 
 Result<MappedHostRange> MappedHostRange::register_range(std::byte* host, uint64_t bytes) {
@@ -167,45 +136,25 @@ Result<MappedHostRange> MappedHostRange::register_range(std::byte* host, uint64_
     return invalid_argument("cannot register host memory with CUDA: " + std::to_string(bytes) +
                             " bytes at a range that is not page-aligned");
   }
-  MappedHostRange r;
   CARACAL_RETURN_IF_ERROR(cuda_status(
       cudaHostRegister(host, bytes, cudaHostRegisterMapped),
       "cudaHostRegister of " + std::to_string(bytes) + " bytes of shared memory (mapped)"));
-  r.m_.host = host;
-  r.m_.size = bytes;
+  MappedHostRange r;
+  r.owned_ = decltype(r.owned_)({host, nullptr, bytes});  // unregistered from here on on error
   void* dev = nullptr;
-  if (Status s = cuda_status(cudaHostGetDevicePointer(&dev, host, 0),
-                             "cudaHostGetDevicePointer of registered shared memory");
-      !s.ok()) {
-    return s;  // r's destructor unregisters
-  }
-  r.m_.device = static_cast<std::byte*>(dev);
+  CARACAL_RETURN_IF_ERROR(cuda_status(cudaHostGetDevicePointer(&dev, host, 0),
+                                      "cudaHostGetDevicePointer of registered shared memory"));
+  r.owned_.get().device = static_cast<std::byte*>(dev);
   return r;
 }
 
-void MappedHostRange::reset() {
-  if (m_.host != nullptr) cudaHostUnregister(m_.host);
-  m_ = {};
-}
-
-Stream& Stream::operator=(Stream&& o) noexcept {
-  if (this != &o) {
-    reset();
-    stream_ = std::exchange(o.stream_, nullptr);
-  }
-  return *this;
-}
-
 Result<Stream> Stream::create(const std::string& what) {
-  Stream s;
-  CARACAL_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&s.stream_, cudaStreamNonBlocking),
+  cudaStream_t stream = nullptr;
+  CARACAL_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                       what + ": cudaStreamCreateWithFlags"));
+  Stream s;
+  s.owned_ = decltype(s.owned_)(stream);
   return s;
-}
-
-void Stream::reset() {
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  stream_ = nullptr;
 }
 
 Status wait_stream(cudaStream_t stream, std::chrono::milliseconds timeout, const std::string& what,

@@ -40,53 +40,91 @@ Result<DeviceInfo> describe_device(int device);
 // Makes `device` current for the calling thread, with a clear error for a bad index.
 Status use_device(int device);
 
-// Move-only owners of CUDA resources; each frees what it holds on destruction.
-class DeviceBuffer {
+// Holds one CUDA resource, described by `Handle` (plain data, equal to Handle{} when there is
+// none), and frees it with Free on destruction or reset; a move leaves the source empty. The
+// owners below keep their resource in one, so their moves are the defaults.
+template <class Handle, class Free>
+class CudaOwned {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { reset(); }
-  // Zero-filled device memory.
-  static Result<DeviceBuffer> allocate(uint64_t bytes, const std::string& what);
-  std::byte* data() const { return data_; }
-  uint64_t size() const { return size_; }
-  void reset();
+  CudaOwned() = default;
+  explicit CudaOwned(Handle handle) : handle_(handle) {}
+  CudaOwned(CudaOwned&& o) noexcept : handle_(std::exchange(o.handle_, Handle{})) {}
+  CudaOwned& operator=(CudaOwned&& o) noexcept {
+    if (this != &o) {
+      reset();
+      handle_ = std::exchange(o.handle_, Handle{});
+    }
+    return *this;
+  }
+  CudaOwned(const CudaOwned&) = delete;
+  CudaOwned& operator=(const CudaOwned&) = delete;
+  ~CudaOwned() { reset(); }
+
+  const Handle& get() const { return handle_; }
+  // For the owner to complete the handle once the resource is held (a mapping's device alias).
+  Handle& get() { return handle_; }
+  void reset() {
+    if (!(handle_ == Handle{})) Free{}(handle_);
+    handle_ = Handle{};
+  }
+  // Forgets the resource without freeing it.
+  void leak() { handle_ = Handle{}; }
 
  private:
-  std::byte* data_ = nullptr;
-  uint64_t size_ = 0;
+  Handle handle_{};
 };
 
-// Host memory and its alias in the device's address space: what MappedBuffer and
-// MappedHostRange own, moved as one.
+// Host memory and its alias in the device's address space.
 struct HostMapping {
   std::byte* host = nullptr;
   std::byte* device = nullptr;
   uint64_t size = 0;
+  bool operator==(const HostMapping&) const = default;
+};
+struct DeviceAllocation {
+  std::byte* data = nullptr;
+  uint64_t size = 0;
+  bool operator==(const DeviceAllocation&) const = default;
+};
+namespace detail {
+struct FreeDevice {
+  void operator()(const DeviceAllocation& a) const;
+};
+struct FreeHost {
+  void operator()(const HostMapping& m) const;
+};
+struct UnregisterHost {
+  void operator()(const HostMapping& m) const;
+};
+struct DestroyStream {
+  void operator()(cudaStream_t s) const;
+};
+}  // namespace detail
+
+// Zero-filled device memory, freed on destruction.
+class DeviceBuffer {
+ public:
+  static Result<DeviceBuffer> allocate(uint64_t bytes, const std::string& what);
+  std::byte* data() const { return owned_.get().data; }
+  uint64_t size() const { return owned_.get().size; }
+  void reset() { owned_.reset(); }
+
+ private:
+  CudaOwned<DeviceAllocation, detail::FreeDevice> owned_;
 };
 
 // Pinned host memory mapped into the device's address space: the host reads what kernels write
-// there without a copy.
+// there without a copy. Zero-filled; freed on destruction.
 class MappedBuffer {
  public:
-  MappedBuffer() = default;
-  MappedBuffer(MappedBuffer&& o) noexcept { *this = std::move(o); }
-  MappedBuffer& operator=(MappedBuffer&& o) noexcept;
-  MappedBuffer(const MappedBuffer&) = delete;
-  MappedBuffer& operator=(const MappedBuffer&) = delete;
-  ~MappedBuffer() { reset(); }
-  // Zero-filled.
   static Result<MappedBuffer> allocate(uint64_t bytes, const std::string& what);
-  std::byte* host() const { return m_.host; }
-  std::byte* device() const { return m_.device; }
-  uint64_t size() const { return m_.size; }
-  void reset();
+  std::byte* host() const { return owned_.get().host; }
+  std::byte* device() const { return owned_.get().device; }
+  uint64_t size() const { return owned_.get().size; }
+  void reset() { owned_.reset(); }
 
  private:
-  HostMapping m_;
+  CudaOwned<HostMapping, detail::FreeHost> owned_;
 };
 
 // Host memory someone else allocated (a shm mapping) registered with CUDA as mapped memory, so
@@ -94,42 +132,30 @@ class MappedBuffer {
 // memory is unmapped.
 class MappedHostRange {
  public:
-  MappedHostRange() = default;
-  MappedHostRange(MappedHostRange&& o) noexcept { *this = std::move(o); }
-  MappedHostRange& operator=(MappedHostRange&& o) noexcept;
-  MappedHostRange(const MappedHostRange&) = delete;
-  MappedHostRange& operator=(const MappedHostRange&) = delete;
-  ~MappedHostRange() { reset(); }
   // `host` and `bytes` must be page-aligned (a shm mapping is).
   static Result<MappedHostRange> register_range(std::byte* host, uint64_t bytes);
-  std::byte* host() const { return m_.host; }
-  std::byte* device() const { return m_.device; }
-  uint64_t size() const { return m_.size; }
-  void reset();
+  std::byte* host() const { return owned_.get().host; }
+  std::byte* device() const { return owned_.get().device; }
+  uint64_t size() const { return owned_.get().size; }
+  void reset() { owned_.reset(); }
   // Forgets the range without unregistering it: for a kernel that may still use it, which only
   // the end of the process stops.
-  void leak() { m_ = {}; }
+  void leak() { owned_.leak(); }
 
  private:
-  HostMapping m_;
+  CudaOwned<HostMapping, detail::UnregisterHost> owned_;
 };
 
 // A non-blocking stream: work on it never waits for, nor holds up, the legacy default stream,
 // so a persistent kernel on one such stream and copies on another run side by side.
 class Stream {
  public:
-  Stream() = default;
-  Stream(Stream&& o) noexcept { *this = std::move(o); }
-  Stream& operator=(Stream&& o) noexcept;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() { reset(); }
   static Result<Stream> create(const std::string& what);
-  cudaStream_t get() const { return stream_; }
-  void reset();
+  cudaStream_t get() const { return owned_.get(); }
+  void reset() { owned_.reset(); }
 
  private:
-  cudaStream_t stream_ = nullptr;
+  CudaOwned<cudaStream_t, detail::DestroyStream> owned_;
 };
 
 // Waits until everything queued on `stream` has finished (OK), the work fails (the error), or
@@ -158,12 +184,6 @@ Status check_rdma_capabilities(const RdmaCapabilities& caps, int device);
 // (mqueue::initialize_region on a host image, copied in), exported as a dma-buf on request.
 class DeviceRegion {
  public:
-  DeviceRegion() = default;
-  DeviceRegion(DeviceRegion&&) noexcept = default;
-  DeviceRegion& operator=(DeviceRegion&&) noexcept = default;
-  DeviceRegion(const DeviceRegion&) = delete;
-  DeviceRegion& operator=(const DeviceRegion&) = delete;
-
   // Validates the geometry. The allocation is rounded up to 2 MiB, the GPU's large page, so
   // that it can be exported and registered whole.
   static Result<DeviceRegion> create(int device, const mqueue::RegionGeometry& geometry,

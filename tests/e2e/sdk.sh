@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The SDK as a handler author outside the tree gets it: `cmake --install` of this build into a
+# prefix, then a project of its own (the three lines of CMake of agent/README.md, and a handler
+# that reverses each message) found with find_package(Caracal), built, and served by the
+# installed snic_server: the reply over TCP is the message reversed.
+source "$(dirname "$0")/lib.sh"
+need cmake nc
+PREFIX="$WORK/prefix"
+cmake --install "$BUILD" --prefix "$PREFIX" >"$WORK/install.log" 2>&1 ||
+  fail "cmake --install failed: $(tail -5 "$WORK/install.log")"
+for f in bin/snic_server include/caracal/accel/handler.hpp include/caracal/agent/agent.hpp \
+         lib/cmake/Caracal/CaracalConfig.cmake; do
+  [ -e "$PREFIX/$f" ] || fail "the install has no $f"
+done
+
+mkdir -p "$WORK/reverse"
+cat >"$WORK/reverse/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(reverse LANGUAGES CXX)
+find_package(Caracal 0.1 REQUIRED)
+caracal_add_handler(reverse_agent SOURCES reverse.cpp)
+CMAKE
+cat >"$WORK/reverse/reverse.cpp" <<'CPP'
+#include <caracal/accel/handler.hpp>
+#include <caracal/agent/agent.hpp>
+
+struct Reverse {
+  CARACAL_HOST_DEVICE void operator()(const caracal::accel::Request& req,
+                                      caracal::accel::Response& resp,
+                                      caracal::accel::Context&) const {
+    for (uint32_t i = 0; i < req.size; ++i) resp.data[i] = req.data[req.size - 1 - i];
+    resp.size = req.size;
+  }
+};
+
+int main(int argc, char** argv) { return caracal::agent::agent_main<Reverse>(argc, argv); }
+CPP
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S "$WORK/reverse" -B "$WORK/reverse/build" "${generator[@]}" \
+  -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release >"$WORK/configure.log" 2>&1 ||
+  fail "the handler project does not configure: $(tail -20 "$WORK/configure.log")"
+cmake --build "$WORK/reverse/build" >"$WORK/build.log" 2>&1 ||
+  fail "the handler project does not build: $(tail -30 "$WORK/build.log")"
+
+SERVER_BIN="$PREFIX/bin/snic_server"
+start_server "io_threads: 1
+control: { listen: 127.0.0.1:0, secret: $SECRET }
+metrics: { listen: 127.0.0.1:0 }
+services:
+  - name: reverse
+    max_message_bytes: 256
+    listeners:
+      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line } }"
+PORT=$(port_of "tcp/127.0.0.1:0")
+start_agent reverse-1 "$WORK/reverse/build/reverse_agent" \
+  "  - { name: reverse, queues: 1, ring_capacity: 16, slot_bytes: 64, max_message_bytes: 256 }"
+
+reply=$(echo "caracal sdk" | timeout 10 nc -q1 127.0.0.1 "$PORT")
+[ "$reply" = "kds lacarac" ] || fail "the reply to 'caracal sdk' was '$reply'"
+echo "PASS: an out-of-tree handler built against the install serves through the installed server"

@@ -1,5 +1,7 @@
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -247,6 +249,14 @@ std::string read_secret(const config::Field& mapping) {
   const std::string path = file->as_string();
   std::ifstream in(path);
   if (!in) file->fail("cannot read secret file '" + path + "'");
+  // Anyone who can read the secret can register an agent and receive requests.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IRWXO) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    file->fail("secret file '" + path + "' is open to other users (mode " + mode +
+               "); allow its owner and group only: chmod o= '" + path + "'");
+  }
   std::ostringstream text;
   text << in.rdbuf();
   std::string secret = text.str();

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <boost/asio/ip/address.hpp>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -15,6 +16,14 @@ namespace {
 
 using config::Field;
 
+// Whether `host` names this machine only: a loopback address or "localhost".
+bool is_loopback(const std::string& host) {
+  if (host == "localhost") return true;
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(host, ec);
+  return !ec && address.is_loopback();
+}
+
 ControlConfig parse_control(const Field& f) {
   f.allow_only({"listen", "secret", "secret_file", "heartbeat_interval_ms", "agent_timeout_ms",
                 "rdma_connect_timeout_ms", "rdma_reconnect_max_ms", "rdma_ack_timeout",
@@ -22,6 +31,12 @@ ControlConfig parse_control(const Field& f) {
   ControlConfig c;
   c.listen = config::as_host_port(f.required("listen"));
   c.secret = control::read_secret(f);
+  if (c.secret == control::kExampleSecret && !is_loopback(c.listen.host)) {
+    f.required(f.optional("secret") ? "secret" : "secret_file")
+        .fail("the example secret on a control endpoint that is not loopback (" +
+              c.listen.str() + "): anyone who has read the examples could register an agent; " +
+              "give your own, in a secret_file");
+  }
   if (auto v = f.optional("heartbeat_interval_ms")) {
     c.heartbeat_interval_ms = static_cast<uint32_t>(v->as_uint(1, 60'000));
   }

@@ -2,6 +2,12 @@
 
 #include "caracal/control/protocol.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
 namespace caracal::control {
 namespace {
 
@@ -165,6 +171,43 @@ TEST(ControlProtocol, SecretsEqual) {
   EXPECT_FALSE(secrets_equal("", "x"));
   EXPECT_TRUE(secrets_equal("", ""));
   EXPECT_FALSE(secrets_equal(std::string_view("a\0b", 3), std::string_view("a\0c", 3)));
+}
+
+
+// read_secret on a secret file with mode `mode` ("" when it is accepted, else the error).
+std::string secret_file_error(mode_t mode) {
+  char path[] = "/tmp/caracal-secret-XXXXXX";
+  const int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  const std::string secret = "0123456789abcdef-secret\n";
+  EXPECT_EQ(write(fd, secret.data(), secret.size()), static_cast<ssize_t>(secret.size()));
+  close(fd);
+  EXPECT_EQ(chmod(path, mode), 0);
+  std::string error;
+  try {
+    const config::Field root =
+        config::load_yaml_text(std::string("secret_file: ") + path + "\n", "agent.yaml");
+    EXPECT_EQ(read_secret(root), "0123456789abcdef-secret");
+  } catch (const config::ConfigError& e) {
+    error = e.what();
+  }
+  std::remove(path);
+  return error;
+}
+
+TEST(ControlSecret, AFileOpenToOtherUsersIsRefusedWithItsMode) {
+  EXPECT_EQ(secret_file_error(0600), "");
+  EXPECT_EQ(secret_file_error(0640), "");  // the service's group may read it
+  EXPECT_EQ(secret_file_error(0400), "");
+  for (const mode_t open_to_others : {0644, 0604, 0602, 0601, 0666}) {
+    const std::string e = secret_file_error(open_to_others);
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(open_to_others));
+    EXPECT_NE(e.find("agent.yaml:1:14"), std::string::npos) << e;
+    EXPECT_NE(e.find("is open to other users (mode " + std::string(mode) + ")"), std::string::npos)
+        << e;
+    EXPECT_NE(e.find("chmod o="), std::string::npos) << e;
+  }
 }
 
 }  // namespace

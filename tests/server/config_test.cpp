@@ -115,6 +115,25 @@ TEST(ServerConfig, SecretRequiredAndLongEnough) {
   EXPECT_NE(e.find("cannot read secret file"), std::string::npos) << e;
 }
 
+TEST(ServerConfig, TheExampleSecretOnlyOnLoopback) {
+  // kValid with the control endpoint at `listen` and the examples' secret.
+  const auto example_on = [](const std::string& listen) {
+    std::string text = with("127.0.0.1:7100", listen);
+    const std::string secret = "secret: 0123456789abcdef0123";
+    return text.replace(text.find(secret), secret.size(), "secret: change-me-0123456789");
+  };
+  for (const char* loopback : {"127.0.0.1:7100", "127.0.0.2:7100", "\"[::1]:7100\"",
+                               "localhost:7100"}) {
+    EXPECT_EQ(error_of(example_on(loopback)), "") << loopback;
+  }
+  const std::string e = error_of(example_on("0.0.0.0:7100"));
+  EXPECT_NE(e.find("test.yaml:5:"), std::string::npos) << e;
+  EXPECT_NE(e.find("the example secret"), std::string::npos) << e;
+  EXPECT_NE(e.find("0.0.0.0:7100"), std::string::npos) << e;
+  // Another secret is fine there.
+  EXPECT_EQ(error_of(with("127.0.0.1:7100", "0.0.0.0:7100")), "");
+}
+
 TEST(ServerConfig, FramingMismatches) {
   std::string e =
       error_of(with("{ protocol: udp, listen: 0.0.0.0:7000 }",

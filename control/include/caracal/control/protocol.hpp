@@ -104,9 +104,14 @@ bool is_valid_name(std::string_view name);
 // Whether this build can serve `transport: rdma` (built with rdma-core).
 bool rdma_available();
 
+// The secret of the example configurations, which the server accepts only on a loopback control
+// address.
+inline constexpr std::string_view kExampleSecret = "change-me-0123456789";
+
 // The shared secret of a config mapping (server `control:` or an agent's top level): `secret:
 // TEXT` or `secret_file: PATH` (trailing newlines dropped), exactly one of the two, at least
-// kMinSecretBytes long. Throws config::ConfigError at the offending line.
+// kMinSecretBytes long; a file that other users may read, write or search is refused. Throws
+// config::ConfigError at the offending line.
 std::string read_secret(const config::Field& mapping);
 
 // Compares two secrets in time that depends only on their lengths, not on where they differ.

@@ -89,6 +89,19 @@ if(CARACAL_WITH_RDMA)
   target_compile_definitions(caracal_options INTERFACE CARACAL_HAVE_RDMA=1)
 endif()
 
+# --- systemd --------------------------------------------------------------------------------
+# sd_notify, so that the units can be Type=notify (ready once the server serves, the agent is
+# registered). Without it the programs run the same, and say nothing to a service manager.
+set(_caracal_systemd_found FALSE)
+if(PkgConfig_FOUND)
+  pkg_check_modules(SYSTEMD QUIET IMPORTED_TARGET libsystemd)
+  if(SYSTEMD_FOUND)
+    set(_caracal_systemd_found TRUE)
+  endif()
+endif()
+caracal_optional_part(CARACAL_WITH_SYSTEMD ${_caracal_systemd_found}
+                      "readiness notification to systemd (pkg-config's libsystemd)")
+
 # --- Sanitizers -----------------------------------------------------------------------------
 set(CARACAL_SANITIZE "" CACHE STRING "Sanitizer build: '', 'address' (ASan+UBSan) or 'thread'")
 set_property(CACHE CARACAL_SANITIZE PROPERTY STRINGS "" address thread)
@@ -117,9 +130,10 @@ endfunction()
 _caracal_onoff(CARACAL_WITH_CUDA _c)
 _caracal_onoff(CARACAL_WITH_DPDK _d)
 _caracal_onoff(CARACAL_WITH_RDMA _r)
+_caracal_onoff(CARACAL_WITH_SYSTEMD _y)
 if(CARACAL_SANITIZE STREQUAL "")
   set(_s "none")
 else()
   set(_s "${CARACAL_SANITIZE}")
 endif()
-message(STATUS "Caracal: CUDA ${_c}, DPDK ${_d}, RDMA ${_r}, sanitizer ${_s}, build ${CMAKE_BUILD_TYPE}")
+message(STATUS "Caracal: CUDA ${_c}, DPDK ${_d}, RDMA ${_r}, systemd ${_y}, sanitizer ${_s}, build ${CMAKE_BUILD_TYPE}")

@@ -15,6 +15,8 @@ run_packages=(
   # A compiler and the server's and agents' libraries.
   build-essential cmake ninja-build pkg-config
   libboost-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
+  # Readiness notification for the systemd units (sd_notify).
+  libsystemd-dev
   # The clients of the README's "try it" lines (and of run.sh's own check).
   netcat-openbsd socat sockperf curl
 )

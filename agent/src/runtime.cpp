@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "caracal/control/connection.hpp"
+#include "caracal/core/service_manager.hpp"
 #include "caracal/control/protocol.hpp"
 #include "caracal/agent/shm_region.hpp"
 #include "caracal/mqueue/validate.hpp"
@@ -568,6 +569,9 @@ Outcome AgentRuntime::Impl::serve(ServerLink& conn) {
         if (next_service == config.services.size()) {
           registrations.fetch_add(1, std::memory_order_relaxed);
           spdlog::info("serving {} service(s) on {}", config.services.size(), accelerator.str());
+          notify_status(fmt::format("serving {} service(s) on {} for {}",
+                                    config.services.size(), accelerator.str(),
+                                    config.server.str()));
         }
         continue;
       }
@@ -635,6 +639,10 @@ Status AgentRuntime::Impl::run() {
                                                         : "rdma",
       config.server.str());
 
+  // Ready for the service manager once the configuration and the accelerator are good: a
+  // server that is not up yet does not hold up `systemctl start`; the status line says what the
+  // agent is doing.
+  notify_ready("connecting to the server at " + config.server.str());
   bool unreachable_logged = false;
   while (!stop_requested) {
     std::shared_ptr<ServerLink> conn = connect();
@@ -644,6 +652,9 @@ Status AgentRuntime::Impl::run() {
       if (!unreachable_logged) {
         spdlog::warn("server {} is not reachable ({}); retrying every {} ms", config.server.str(),
                      conn->error(), config.reconnect_interval_ms);
+        notify_status(fmt::format("server {} is not reachable ({}); retrying every {} ms",
+                                  config.server.str(), conn->error(),
+                                  config.reconnect_interval_ms));
         unreachable_logged = true;
       } else {
         spdlog::debug("server {} is not reachable ({})", config.server.str(), conn->error());
@@ -662,8 +673,10 @@ Status AgentRuntime::Impl::run() {
         "lost the server: {}; accelerators stopped and regions dropped, registering "
         "again with a new epoch",
         outcome.why);
+    notify_status("lost the server (" + outcome.why + "); registering again");
     sleep_for(milliseconds(config.reconnect_interval_ms));
   }
+  notify_stopping();
   spdlog::info("agent '{}' stopped", config.agent);
   return Status::ok_status();
 }

@@ -3,15 +3,19 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <yaml-cpp/yaml.h>
+
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
+#include <functional>
 #include <iostream>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 
+#include "caracal/core/service_manager.hpp"
 #include "caracal/server/config.hpp"
 #include "caracal/server/log_summary.hpp"
 #include "caracal/server/server.hpp"
@@ -35,6 +39,45 @@ void keep_freed_memory() {
 #endif
 }
 
+std::string serving_status(const caracal::server::ServerConfig& config) {
+  return fmt::format("serving {} service(s), log level {}", config.services.size(),
+                     spdlog::level::to_string_view(spdlog::get_level()));
+}
+
+// The configuration file's settings other than log_level, in one canonical text: what a reload
+// compares to tell whether anything needing a restart changed.
+std::string settings_but_log_level(const std::string& path) {
+  YAML::Node root = YAML::LoadFile(path);
+  if (root.IsMap()) root.remove("log_level");
+  YAML::Emitter out;
+  out << root;
+  return out.c_str();
+}
+
+// SIGHUP: reads the configuration again. The log level takes effect (unless --log-level set
+// it); a file that no longer parses is reported and changes nothing; other settings need a
+// restart, which the log says when they differ from `started_with`.
+void reload(const std::string& path, const std::string& level_override,
+            const std::string& started_with) {
+  caracal::server::ServerConfig next;
+  std::string settings;
+  try {
+    next = caracal::server::load_server_config(path);
+    settings = settings_but_log_level(path);
+  } catch (const std::exception& e) {
+    SPDLOG_ERROR("SIGHUP: {}; nothing reloaded", e.what());
+    return;
+  }
+  if (level_override.empty()) spdlog::set_level(spdlog::level::from_str(next.log_level));
+  spdlog::info("SIGHUP: {} reloaded; log level {}{}", path,
+               spdlog::level::to_string_view(spdlog::get_level()),
+               level_override.empty() ? "" : " (set by --log-level)");
+  if (settings != started_with) {
+    SPDLOG_WARN("SIGHUP: {} has changes other than log_level; they take effect at a restart",
+                path);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,8 +96,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   caracal::server::ServerConfig config;
+  std::string started_with;
   try {
     config = caracal::server::load_server_config(config_path);
+    started_with = settings_but_log_level(config_path);
   } catch (const std::exception& e) {
     std::cerr << "snic_server: " << e.what() << "\n";
     return 2;
@@ -76,11 +121,24 @@ int main(int argc, char** argv) {
   // Signals are taken by a signal_set before any thread starts, so every thread inherits the
   // mask Asio sets up and only this io_context sees them.
   boost::asio::io_context signals_io;
-  boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
+  boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM, SIGHUP);
   int received = 0;
-  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-    if (!ec) received = sig;
-  });
+  // SIGHUP reloads what can change safely while serving: the log level. The rest of the file
+  // is checked, and a change to it is named as one that needs a restart.
+  std::function<void()> wait_for_signal = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (sig != SIGHUP) {
+        received = sig;
+        return;
+      }
+      caracal::notify_reloading();
+      reload(config_path, log_level, started_with);
+      caracal::notify_ready(serving_status(config));
+      wait_for_signal();
+    });
+  };
+  wait_for_signal();
   spdlog::flush_every(std::chrono::seconds(1));  // a thread: after the signal_set, as above
 
   caracal::server::Server server(config);
@@ -95,11 +153,13 @@ int main(int argc, char** argv) {
                                  : fmt::format("{} engine thread(s)", config.engine_threads);
   spdlog::info(
       "snic_server {} serving {} service(s) with {} I/O thread(s) and {}; SIGINT or "
-      "SIGTERM stops it",
+      "SIGTERM stops it, SIGHUP reloads the log level",
       CARACAL_VERSION, config.services.size(), config.io_threads, engine);
+  caracal::notify_ready(serving_status(config));
   signals_io.run();
   spdlog::info("{} received: draining requests in flight",
                received == SIGINT ? "SIGINT" : "SIGTERM");
+  caracal::notify_stopping();
   server.stop();
   summary->summarise_now();
   spdlog::info("stopped");

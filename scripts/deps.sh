@@ -22,6 +22,8 @@ run_packages=(
 )
 test_packages=(
   git clang-format
+  # scripts/package.sh checks the packages it builds with lintian.
+  lintian
   libgtest-dev libgmock-dev
   # End-to-end tests: unmodified clients, and a memcached for destinations to call.
   memcached libmemcached-tools python3

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The SDK as a handler author outside the tree gets it: `cmake --install` of this build into a
-# prefix, then a project of its own (the three lines of CMake of agent/README.md, and a handler
+# The SDK as a handler author outside the tree gets it: `cmake --install` of this build (under
+# a DESTDIR, so that nothing of the machine's is touched), then a project of its own (the three lines of CMake of agent/README.md, and a handler
 # that reverses each message) found with find_package(Caracal), built, and served by the
 # installed snic_server: the reply over TCP is the message reversed.
 source "$(dirname "$0")/lib.sh"
 need cmake nc
-PREFIX="$WORK/prefix"
-cmake --install "$BUILD" --prefix "$PREFIX" >"$WORK/install.log" 2>&1 ||
+PREFIX="$WORK/root$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' "$BUILD/CMakeCache.txt")"
+DESTDIR="$WORK/root" cmake --install "$BUILD" >"$WORK/install.log" 2>&1 ||
   fail "cmake --install failed: $(tail -5 "$WORK/install.log")"
 for f in bin/snic_server include/caracal/accel/handler.hpp include/caracal/agent/agent.hpp \
          lib/cmake/Caracal/CaracalConfig.cmake; do

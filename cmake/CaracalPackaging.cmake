@@ -64,8 +64,17 @@ function(_caracal_deb_scripts component other postinst_unit prerm_unit postrm_un
       PARENT_SCOPE)
 endfunction()
 _caracal_deb_scripts(server agent
-  "if [ -z \"$2\" ]; then deb-systemd-helper enable caracal-server.service >/dev/null || true; else deb-systemd-helper update-state caracal-server.service >/dev/null || true; fi
-  if [ -d /run/systemd/system ]; then deb-systemd-invoke restart caracal-server.service >/dev/null || true; fi"
+  "# As debhelper's snippet: enabled at the first install (was-enabled is true then), and
+  # never again once the operator disabled it.
+  deb-systemd-helper unmask caracal-server.service >/dev/null || true
+  if deb-systemd-helper --quiet was-enabled caracal-server.service; then
+    deb-systemd-helper enable caracal-server.service >/dev/null || true
+  else
+    deb-systemd-helper update-state caracal-server.service >/dev/null || true
+  fi
+  if [ -d /run/systemd/system ]; then
+    deb-systemd-invoke restart caracal-server.service >/dev/null || true
+  fi"
   "deb-systemd-invoke stop caracal-server.service >/dev/null || true"
   "deb-systemd-helper purge caracal-server.service >/dev/null || true"
   caracal/server.yaml)

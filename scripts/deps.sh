@@ -22,8 +22,9 @@ run_packages=(
 )
 test_packages=(
   git clang-format
-  # scripts/package.sh checks the packages it builds with lintian.
-  lintian
+  # scripts/package.sh checks the packages it builds with lintian; package-install-check.sh
+  # installs them into a fresh root that mmdebstrap makes.
+  lintian mmdebstrap
   libgtest-dev libgmock-dev
   # End-to-end tests: unmodified clients, and a memcached for destinations to call.
   memcached libmemcached-tools python3

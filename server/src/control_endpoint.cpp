@@ -15,6 +15,7 @@
 #include "caracal/control/connection.hpp"
 #include "caracal/control/protocol.hpp"
 #include "caracal/server/listeners.hpp"
+#include "caracal/server/mqueue_manager/region_setup.hpp"
 
 namespace caracal::server {
 

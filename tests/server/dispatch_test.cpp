@@ -6,7 +6,7 @@
 #include <map>
 
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/engine.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
 #include "caracal/server/service.hpp"
 #include "test_region.hpp"
 

@@ -27,7 +27,7 @@
 #include "caracal/accel/cpu.hpp"
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/engine.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
 #include "caracal/server/metrics.hpp"
 #include "caracal/server/service.hpp"
 #include "test_region.hpp"

@@ -9,7 +9,8 @@
 #include <string>
 
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/engine.hpp"
+#include "caracal/server/mqueue_manager/region.hpp"
+#include "caracal/server/mqueue_manager/region_setup.hpp"
 
 namespace caracal::server::test {
 

@@ -23,7 +23,7 @@
 #include "caracal/core/status.hpp"
 #include "caracal/server/config.hpp"
 #include "caracal/server/destinations.hpp"
-#include "caracal/server/engine.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
 #include "caracal/server/metrics.hpp"
 #include "caracal/server/service.hpp"
 

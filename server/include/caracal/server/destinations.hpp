@@ -13,7 +13,7 @@
 #include <string>
 
 #include "caracal/server/config.hpp"
-#include "caracal/server/engine.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
 #include "caracal/server/metrics.hpp"
 
 namespace caracal::server {

@@ -14,7 +14,7 @@
 #include "caracal/server/control_endpoint.hpp"
 #include "caracal/server/destinations.hpp"
 #include "caracal/server/dpdk_port.hpp"
-#include "caracal/server/engine.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
 #include "caracal/server/listeners.hpp"
 #include "caracal/server/metrics.hpp"
 #include "caracal/server/reply.hpp"

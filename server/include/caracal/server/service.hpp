@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "caracal/server/config.hpp"
-#include "caracal/server/engine.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
 #include "caracal/server/metrics.hpp"
 #include "caracal/server/reply.hpp"
 #include "caracal/server/thread_shard.hpp"

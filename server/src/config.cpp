@@ -8,7 +8,7 @@
 
 #include "caracal/control/protocol.hpp"
 #include "caracal/mqueue/layout.hpp"
-#include "caracal/server/reply.hpp"
+#include "caracal/server/reply_routing.hpp"
 
 namespace caracal::server {
 namespace {

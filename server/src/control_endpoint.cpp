@@ -14,7 +14,7 @@
 
 #include "caracal/control/connection.hpp"
 #include "caracal/control/protocol.hpp"
-#include "caracal/server/listeners.hpp"
+#include "caracal/server/front/listeners.hpp"
 #include "caracal/server/mqueue_manager/region_setup.hpp"
 
 namespace caracal::server {
@@ -94,9 +94,12 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
             [self = shared_from_this()](control::Connection::Ending ending,
                                         const std::string& why) {
               switch (ending) {
-                case control::Connection::Ending::kClosed: return self->lose("connection closed");
-                case control::Connection::Ending::kBroken: return self->lose(why);
-                case control::Connection::Ending::kMalformed: return self->refuse_and_close("", why);
+                case control::Connection::Ending::kClosed:
+                  return self->lose("connection closed");
+                case control::Connection::Ending::kBroken:
+                  return self->lose(why);
+                case control::Connection::Ending::kMalformed:
+                  return self->refuse_and_close("", why);
               }
             },
     });
@@ -213,8 +216,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
       if (rdma_.contains(r.service)) {
         return refuse_region(r.service, what + ": this agent already serves the service");
       }
-      rdma_[r.service] =
-          RdmaState{r, svc->second, std::make_shared<asio::steady_timer>(conn_->socket().get_executor())};
+      rdma_[r.service] = RdmaState{
+          r, svc->second, std::make_shared<asio::steady_timer>(conn_->socket().get_executor())};
       spdlog::info("{}: {}: connecting to rdma {}:{}", origin_, what, r.rdma_host, r.rdma_port);
       connect_rdma(r.service, /*first=*/true);
       return;

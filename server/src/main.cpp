@@ -13,7 +13,7 @@
 #endif
 
 #include "caracal/server/config.hpp"
-#include "caracal/server/log_summary.hpp"
+#include "caracal/server/metrics/log_summary.hpp"
 #include "caracal/server/server.hpp"
 
 #ifndef CARACAL_VERSION

@@ -27,9 +27,9 @@
 #include "caracal/accel/cpu.hpp"
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/shm.hpp"
+#include "caracal/server/dispatch.hpp"
+#include "caracal/server/metrics/metrics.hpp"
 #include "caracal/server/mqueue_manager/engine.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/service.hpp"
 #include "test_region.hpp"
 
 namespace caracal::server {

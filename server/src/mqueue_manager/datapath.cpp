@@ -14,7 +14,7 @@
 #ifdef CARACAL_HAVE_RDMA
 #include "caracal/mqueue/rdma.hpp"
 #endif
-#include "caracal/server/service.hpp"
+#include "caracal/server/dispatch.hpp"
 #include "engine_thread.hpp"
 #include "profile.hpp"
 
@@ -33,7 +33,7 @@ namespace {
 template <mqueue::Transport T>
 class TransportBinding final : public RegionBinding {
  public:
-    TransportBinding(std::unique_ptr<T> transport, mqueue::RemoteRegion<T> region,
+  TransportBinding(std::unique_ptr<T> transport, mqueue::RemoteRegion<T> region,
                    std::shared_ptr<void> memory)
       : memory_(std::move(memory)),
         transport_(std::move(transport)),

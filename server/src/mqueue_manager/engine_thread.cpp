@@ -9,8 +9,8 @@
 #include <optional>
 #include <utility>
 
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/service.hpp"
+#include "caracal/server/dispatch.hpp"
+#include "caracal/server/metrics/metrics.hpp"
 #include "profile.hpp"
 
 namespace caracal::server {
@@ -177,7 +177,7 @@ bool EngineThread::apply_commands() {
         for (const uint32_t q : it->queues) {
           if (q >= it->region->server_queues()) continue;
           // Requests still waiting in the inbox were never written: fail them now (the
-          // dispatcher no longer picks this region, so nothing new arrives).
+          // region has left dispatch, so nothing new arrives).
           for (Message& m : it->region->inbox(q).close()) {
             it->region->inbox(q).outstanding.fetch_sub(1, std::memory_order_relaxed);
             answer(it->region->service(), m.token, Reply{Reply::Kind::kError, "agent detached"},
@@ -319,7 +319,7 @@ void EngineThread::run_hosted() {
     }
     finish();
     prof::thread_end();
-    Engine::hosted_index_ = -1;  // the dispatcher no longer favours this thread's queues
+    Engine::hosted_index_ = -1;  // dispatch no longer favours this thread's queues
     owner_.leave();
     {
       std::lock_guard lock(commands_m_);

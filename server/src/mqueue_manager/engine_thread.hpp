@@ -26,7 +26,7 @@
 
 #include "caracal/server/mqueue_manager/engine.hpp"
 #include "caracal/server/mqueue_manager/region.hpp"
-#include "caracal/server/reply.hpp"
+#include "caracal/server/reply_routing.hpp"
 #include "idle_policy.hpp"
 #include "owner_thread.hpp"
 

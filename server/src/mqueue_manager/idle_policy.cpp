@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "caracal/server/metrics.hpp"
+#include "caracal/server/metrics/metrics.hpp"
 
 namespace caracal::server {
 

@@ -11,25 +11,34 @@ namespace caracal::server {
 
 class OwnerThread {
  public:
+  // The calling thread starts the loop.
+  void enter() {
 #ifndef NDEBUG
-  // The calling thread starts the loop / has left it.
-  void enter() { id_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
-  void leave() { id_.store(std::thread::id(), std::memory_order_relaxed); }
+    id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+#endif
+  }
+  // The loop has ended.
+  void leave() {
+#ifndef NDEBUG
+    id_.store(std::thread::id(), std::memory_order_relaxed);
+#endif
+  }
   // On the owner, or while no thread owns the loop: before it starts and after it ended, when
   // the thread that stops the engine settles what is left (under the engine thread's command
-  // lock). Relaxed: a thread compares its own id, or reads the value the joined loop left,
-  // which the join orders.
+  // lock). Relaxed: a thread compares its own id, or reads the value the ended loop left, which
+  // the join (or, hosted, the command lock) orders before the read.
   bool here() const {
+#ifndef NDEBUG
     const std::thread::id owner = id_.load(std::memory_order_relaxed);
     return owner == std::thread::id() || owner == std::this_thread::get_id();
+#else
+    return true;
+#endif
   }
 
  private:
+#ifndef NDEBUG
   std::atomic<std::thread::id> id_{};
-#else
-  void enter() {}
-  void leave() {}
-  bool here() const { return true; }
 #endif
 };
 

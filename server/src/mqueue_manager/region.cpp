@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "caracal/server/service.hpp"
+#include "caracal/server/dispatch.hpp"
 
 namespace caracal::server {
 

@@ -23,9 +23,9 @@
 #include "caracal/core/status.hpp"
 #include "caracal/server/config.hpp"
 #include "caracal/server/destinations.hpp"
+#include "caracal/server/dispatch.hpp"
+#include "caracal/server/metrics/metrics.hpp"
 #include "caracal/server/mqueue_manager/engine.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/service.hpp"
 
 namespace caracal::server {
 

@@ -13,12 +13,12 @@
 #include "caracal/server/config.hpp"
 #include "caracal/server/control_endpoint.hpp"
 #include "caracal/server/destinations.hpp"
-#include "caracal/server/dpdk_port.hpp"
+#include "caracal/server/dispatch.hpp"
+#include "caracal/server/front/dpdk_port.hpp"
+#include "caracal/server/front/listeners.hpp"
+#include "caracal/server/metrics/metrics.hpp"
 #include "caracal/server/mqueue_manager/engine.hpp"
-#include "caracal/server/listeners.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/reply.hpp"
-#include "caracal/server/service.hpp"
+#include "caracal/server/reply_routing.hpp"
 
 namespace caracal::server {
 

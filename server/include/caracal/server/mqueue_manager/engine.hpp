@@ -6,8 +6,8 @@
 // I/O threads hand requests to a queue's inbox (a short mutex-protected list). An engine
 // thread drains inboxes into per-queue backlogs, writes as many entries into each RX ring as
 // its credits allow and publishes the tail once per round, then reads the TX tails and routes
-// each reply by its token (reply.hpp). Client queues run the other way: TX entries go to the
-// queue's destination link, and the destination's replies come back through the queue's inbox
+// each reply by its token (reply_routing.hpp). Client queues run the other way: TX entries go to
+// the queue's destination link, and the destination's replies come back through the queue's inbox
 // into its RX ring.
 //
 // With several engine threads (EngineOptions::threads), the server queues of a region whose
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "caracal/server/mqueue_manager/region.hpp"
-#include "caracal/server/reply.hpp"
+#include "caracal/server/reply_routing.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -41,7 +41,7 @@ class io_context;
 
 namespace caracal::server {
 
-class Counter;  // metrics.hpp
+class Counter;  // metrics/metrics.hpp
 
 struct EngineOptions {
   // Rounds without work a thread spins before it starts yielding, then sleeping.
@@ -83,7 +83,7 @@ class Engine {
   // the engine runs, then io.run() until `io` stops. `io` must have work (a work guard) so that
   // it does not stop when it runs out of handlers. Call once, from the thread that runs `io`.
   void run_hosted(uint32_t thread);
-  // The engine thread that the calling thread hosts (in run_hosted()), or -1: the dispatcher
+  // The engine thread that the calling thread hosts (in run_hosted()), or -1: dispatch
   // prefers that thread's queues.
   static int hosted_thread();
 
@@ -110,7 +110,7 @@ class Engine {
 
   // Requests dispatched to some region and not yet answered or failed.
   int64_t in_flight() const;
-  // Requests in flight on one thread's queues (a relaxed read: a hint for the dispatcher).
+  // Requests in flight on one thread's queues (a relaxed read: a hint for dispatch).
   int64_t in_flight(uint32_t thread) const;
   uint32_t threads() const { return static_cast<uint32_t>(threads_.size()); }
   // The thread that serves `queue` of `region` (see the top of this file).

@@ -17,7 +17,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include "caracal/server/metrics.hpp"
+#include "caracal/server/metrics/metrics.hpp"
 
 namespace caracal::server {
 namespace {

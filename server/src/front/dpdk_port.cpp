@@ -1,4 +1,4 @@
-#include "caracal/server/dpdk_port.hpp"
+#include "caracal/server/front/dpdk_port.hpp"
 
 #include <pthread.h>
 #include <rte_eal.h>
@@ -19,10 +19,10 @@
 #include <thread>
 #include <vector>
 
-#include "caracal/server/dpdk_packet.hpp"
-#include "caracal/server/listeners.hpp"
-#include "caracal/server/service.hpp"
-#include "listener_stats.hpp"
+#include "caracal/server/dispatch.hpp"
+#include "caracal/server/front/dpdk_packet.hpp"
+#include "caracal/server/front/listeners.hpp"
+#include "listener_common.hpp"
 
 namespace caracal::server {
 

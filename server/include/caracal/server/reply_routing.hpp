@@ -1,5 +1,5 @@
-// Where a reply goes. The server puts a reply address in the token of every request it writes
-// into an RX ring, and the handler copies it to its response:
+// Reply routing: where a reply goes. The server puts a reply address in the token of every
+// request it writes into an RX ring, and the handler copies it to its response:
 //
 //   token = slot (20 bits) | generation (20 bits) | sequence (24 bits)
 //
@@ -7,6 +7,10 @@
 // time it is released, so a reply that arrives after its connection closed (and the slot was
 // given to another client) never matches: it is dropped and counted. The sequence orders the
 // replies of one TCP connection.
+//
+// The mqueue manager routes each answer it takes from a TX ring (or makes for a failed request)
+// through the ReplyTable to the ReplySink its slot is bound to: a TCP connection, a UDP
+// listener, a DPDK port's queue.
 #pragma once
 
 #include <algorithm>

@@ -194,8 +194,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
         known += (known.empty() ? "" : ", ") + name;
       return refuse_region(r.service, what + ": no such service (configured: " + known + ")");
     }
-    for (const auto& a : regions_) {
-      if (a->service() == svc->second) {
+    for (const Admitted& a : regions_) {
+      if (a.service == svc->second) {
         return refuse_region(r.service, what + ": this agent already serves the service");
       }
     }
@@ -278,9 +278,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   // The engine dropped a region for a fault (engine thread -> posted here).
   void on_region_fault(const AgentRegion* region, const std::string& fault) {
     auto it = std::find_if(regions_.begin(), regions_.end(),
-                           [&](const auto& r) { return r.get() == region; });
+                           [&](const Admitted& a) { return a.region.get() == region; });
     if (closed_ || it == regions_.end()) return;
-    const std::string service = (*it)->service()->name();
+    const std::string service = it->service->name();
     regions_.erase(it);
     if (detaching_ || !rdma_.contains(service)) return;
     SPDLOG_WARN(
@@ -348,7 +348,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     }
     if (Status s = svc->add(region); !s.ok()) return refuse(what + ": " + s.message());
     ep_.engine_.attach(region);
-    regions_.push_back(region);
+    regions_.push_back(Admitted{region, svc});
     if (first) {
       spdlog::info(
           "{}: {} attached: {} server queue(s), {} client queue(s), {} slots of {} B, "
@@ -377,9 +377,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
       finish_bye();
       return;
     }
-    for (auto& region : regions_) {
-      region->service()->remove(region.get());
-      ep_.engine_.detach(region, std::chrono::seconds(5), [self = shared_from_this(), remaining] {
+    for (Admitted& a : regions_) {
+      a.service->remove(a.region.get());
+      ep_.engine_.detach(a.region, std::chrono::seconds(5), [self = shared_from_this(), remaining] {
         asio::post(self->conn_->socket().get_executor(), [self, remaining] {
           if (--*remaining == 0) self->finish_bye();
         });
@@ -403,10 +403,10 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     } else {
       spdlog::info("{}: {}", origin_, reason);
     }
-    for (auto& region : regions_) {
-      region->service()->remove(region.get());
+    for (Admitted& a : regions_) {
+      a.service->remove(a.region.get());
       if (!detaching_) {
-        ep_.engine_.fail(region, "agent " + hello_.agent + " lost: " + reason);
+        ep_.engine_.fail(a.region, "agent " + hello_.agent + " lost: " + reason);
       }
     }
     regions_.clear();
@@ -417,9 +417,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   void refuse_and_close(const std::string& service, const std::string& message) {
     SPDLOG_WARN("{}: {}", origin_, message);
     send(control::Refused{service, message});
-    for (auto& region : regions_) {
-      region->service()->remove(region.get());
-      ep_.engine_.fail(region, "agent " + hello_.agent + " refused: " + message);
+    for (Admitted& a : regions_) {
+      a.service->remove(a.region.get());
+      ep_.engine_.fail(a.region, "agent " + hello_.agent + " refused: " + message);
     }
     regions_.clear();
     if (hello_done_) ep_.forget(hello_.agent, this);
@@ -453,7 +453,12 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   bool detaching_ = false;
   control::Hello hello_;
   Clock::time_point last_heard_;
-  std::vector<std::shared_ptr<AgentRegion>> regions_;
+  // The regions in dispatch, with the service each serves.
+  struct Admitted {
+    std::shared_ptr<AgentRegion> region;
+    Service* service = nullptr;
+  };
+  std::vector<Admitted> regions_;
   // transport rdma, by service: the announcement, kept to reconnect with while the agent is
   // registered (from the announcement until the session ends or the region is refused).
   struct RdmaState {

@@ -245,9 +245,9 @@ void Service::on_room() {
     r();
 }
 
-void Service::count_answer(const Reply& reply, Clock::duration latency) {
+void Service::on_answer(Reply::Kind kind, Clock::duration latency) {
   replies_.inc();
-  if (reply.kind == Reply::Kind::kError) errors_.inc();
+  if (kind == Reply::Kind::kError) errors_.inc();
   latency_.observe(std::chrono::duration<double>(latency).count());
 }
 

@@ -14,7 +14,6 @@
 #ifdef CARACAL_HAVE_RDMA
 #include "caracal/mqueue/rdma.hpp"
 #endif
-#include "caracal/server/dispatch.hpp"
 #include "engine_thread.hpp"
 #include "profile.hpp"
 
@@ -86,7 +85,7 @@ class TransportBinding final : public RegionBinding {
         rx.publish();
         inbox.waiting.fetch_sub(written, std::memory_order_relaxed);
         busy = true;
-        if (server_queue && r.service() != nullptr) r.service()->on_room();
+        if (server_queue && r.events() != nullptr) r.events()->on_room();
       }
       inbox.ring_slots_in_use.store(rx.outstanding_slots(), std::memory_order_relaxed);
     }
@@ -129,7 +128,7 @@ class TransportBinding final : public RegionBinding {
         if (pr != mqueue::PollResult::kReady) break;
         any = true;
         if (server_queue) {
-          if (by_line && r.service() != nullptr) r.service()->count_line_reply();
+          if (by_line && r.events() != nullptr) r.events()->on_line_reply();
           reply(engine, r, q, e);
         } else {
           call_out(r, q - h.server_queue_count, e);
@@ -217,7 +216,7 @@ class TransportBinding final : public RegionBinding {
     if (it == flights.end()) {
       // Not a token this queue was given (or one already answered): a handler bug, such as an
       // answer on another queue's TX ring. It cannot be routed safely, so it is dropped.
-      if (r.service() != nullptr) r.service()->count_drop(DropReason::kUnknownToken);
+      if (r.events() != nullptr) r.events()->on_unrouted(DropReason::kUnknownToken);
       return;
     }
     const Clock::time_point submitted = it->second;
@@ -235,7 +234,7 @@ class TransportBinding final : public RegionBinding {
       prof::Scope t(prof::kReplyCopy);
       rep.bytes.assign(reinterpret_cast<const char*>(e.payload), e.length);
     }
-    engine.answer(r.service(), e.token, std::move(rep), submitted);
+    engine.answer(r.events(), e.token, std::move(rep), submitted);
   }
 
   void call_out(AgentRegion& r, uint32_t client, const mqueue::Entry& e) {

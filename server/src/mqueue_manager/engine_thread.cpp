@@ -9,7 +9,6 @@
 #include <optional>
 #include <utility>
 
-#include "caracal/server/dispatch.hpp"
 #include "caracal/server/metrics/metrics.hpp"
 #include "profile.hpp"
 
@@ -120,18 +119,18 @@ void EngineThread::wake() {
   sleep_cv_.notify_one();
 }
 
-void EngineThread::answer(Service* service, uint64_t token, Reply reply,
+void EngineThread::answer(EngineEvents* events, uint64_t token, Reply reply,
                           Clock::time_point submitted) {
   CARACAL_ASSERT_OWNER_THREAD(owner_);
   std::optional<prof::Scope> stage(std::in_place, prof::kAnswerOther);
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
-  if (service != nullptr) service->count_answer(reply, Clock::now() - submitted);
+  if (events != nullptr) events->on_answer(reply.kind, Clock::now() - submitted);
   stage.emplace(prof::kRoute);
   std::optional<ReplyTable::Route> route = engine_.replies_.route(token);
   stage.emplace(prof::kDeliver);
   if (!route) {
     // The connection closed (or the UDP request was already failed): nobody to answer.
-    if (service != nullptr) service->count_drop(DropReason::kConnectionClosed);
+    if (events != nullptr) events->on_unrouted(DropReason::kConnectionClosed);
     return;
   }
   route->sink->deliver(index_, token, route->peer, std::move(reply));
@@ -180,7 +179,7 @@ bool EngineThread::apply_commands() {
           // region has left dispatch, so nothing new arrives).
           for (Message& m : it->region->inbox(q).close()) {
             it->region->inbox(q).outstanding.fetch_sub(1, std::memory_order_relaxed);
-            answer(it->region->service(), m.token, Reply{Reply::Kind::kError, "agent detached"},
+            answer(it->region->events(), m.token, Reply{Reply::Kind::kError, "agent detached"},
                    m.submitted);
           }
         }
@@ -216,7 +215,7 @@ void EngineThread::fail_region(Attached& a, const std::string& reason) {
     SPDLOG_WARN("{}: {} request(s) in flight failed: {}", r.label(), lost.size(), reason);
   }
   for (auto& [token, submitted] : lost) {
-    answer(r.service(), token, Reply{Reply::Kind::kError, reason}, submitted);
+    answer(r.events(), token, Reply{Reply::Kind::kError, reason}, submitted);
   }
   if (a.done) {
     a.done();
@@ -241,7 +240,7 @@ EngineThread::RoundOutcome EngineThread::round() {
     flush_replies();  // this region's replies go out before the next region is polled
     if (!fault.empty()) {
       SPDLOG_ERROR("{}: {}; the region is dropped", a.region->label(), fault);
-      if (a.region->service() != nullptr) a.region->service()->remove(a.region.get());
+      if (a.region->events() != nullptr) a.region->events()->on_region_unusable(*a.region);
       fail_region(a, "agent fault: " + fault);
       std::shared_ptr<AgentRegion> dropped = std::move(a.region);
       regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));

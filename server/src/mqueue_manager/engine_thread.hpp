@@ -87,10 +87,10 @@ class EngineThread {
   int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
   uint32_t index() const { return index_; }
 
-  // Routes one answer (a reply, or a failure) to its client; counts it on `service`. The sink
-  // may hold it until flush_replies(). Owner thread only (the region's binding calls it from
-  // serve()).
-  void answer(Service* service, uint64_t token, Reply reply, Clock::time_point submitted);
+  // Routes one answer (a reply, or a failure) to its client and reports it to `events` (the
+  // region's service; may be null). The sink may hold it until flush_replies(). Owner thread
+  // only (the region's binding calls it from serve()).
+  void answer(EngineEvents* events, uint64_t token, Reply reply, Clock::time_point submitted);
 
  private:
   struct Attached {

@@ -3,8 +3,6 @@
 #include <cstdio>
 #include <utility>
 
-#include "caracal/server/dispatch.hpp"
-
 namespace caracal::server {
 
 bool QueueInbox::submit(Message& m) {
@@ -36,9 +34,9 @@ bool QueueInbox::take_locked(std::deque<Message>& out) {
   return true;
 }
 
-AgentRegion::AgentRegion(std::string agent, uint64_t epoch, Service* service,
+AgentRegion::AgentRegion(std::string agent, uint64_t epoch, EngineEvents* events,
                          std::unique_ptr<RegionBinding> binding)
-    : agent_(std::move(agent)), epoch_(epoch), service_(service), binding_(std::move(binding)) {
+    : agent_(std::move(agent)), epoch_(epoch), events_(events), binding_(std::move(binding)) {
   const uint32_t queues = mqueue::queue_count(binding_->header());
   for (uint32_t q = 0; q < queues; ++q)
     inboxes_.push_back(std::make_shared<QueueInbox>());
@@ -54,7 +52,7 @@ std::string AgentRegion::label() const {
   char epoch[24];
   std::snprintf(epoch, sizeof(epoch), "%016llx", static_cast<unsigned long long>(epoch_));
   return "agent " + agent_ + " epoch " + epoch + ", service " +
-         (service_ != nullptr ? service_->name() : std::string("?"));
+         (events_ != nullptr ? events_->name() : std::string("?"));
 }
 
 }  // namespace caracal::server

@@ -32,6 +32,7 @@
 #include "caracal/server/metrics/drops.hpp"
 #include "caracal/server/metrics/metrics.hpp"
 #include "caracal/server/mqueue_manager/engine.hpp"
+#include "caracal/server/mqueue_manager/engine_events.hpp"
 #include "caracal/server/reply_routing.hpp"
 #include "caracal/server/thread_shard.hpp"
 
@@ -44,12 +45,15 @@ enum class DispatchStatus : uint8_t {
   kNoAgent,    // not queued: no agent serves the service
 };
 
-class Service {
+// Also what the engine reports to about the service's requests (EngineEvents, called on engine
+// threads): answers and drops are counted, a region the engine dropped leaves dispatch, and room
+// in the rings resumes parked connections.
+class Service final : public EngineEvents {
  public:
   Service(const ServiceConfig& config, Engine& engine, Registry& metrics);
   ~Service();
 
-  const std::string& name() const { return config_.name; }
+  const std::string& name() const override { return config_.name; }
   const ServiceConfig& config() const { return config_; }
 
   // Sends a request to a queue chosen by the policy. `flow` identifies the connection or peer
@@ -67,15 +71,13 @@ class Service {
   // Backpressure: a TCP connection that stopped reading registers how to resume it; it is
   // resumed at once if no queue is congested any more, else when the engine next makes room.
   void park(std::function<void()> resume);
-  // Engine thread: entries left some inbox for a ring.
-  void on_room();
 
-  // Accounting (any thread).
-  void count_request() { requests_.inc(); }
-  void count_answer(const Reply& reply, std::chrono::steady_clock::duration latency);
-  void count_drop(DropReason reason) { drops_.inc(reason); }
-  // A reply taken from its TX line, ahead of the tail (mqueue/layout.hpp).
-  void count_line_reply() { line_replies_.inc(); }
+  // EngineEvents (engine threads).
+  void on_room() override;
+  void on_region_unusable(const AgentRegion& region) override { remove(&region); }
+  void on_answer(Reply::Kind kind, std::chrono::steady_clock::duration latency) override;
+  void on_line_reply() override { line_replies_.inc(); }
+  void on_unrouted(DropReason reason) override { drops_.inc(reason); }
 
   // Requests in flight on an engine thread from which the I/O thread that hosts it, or the one
   // before it, counts it as loaded (see Targets::by_thread).

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "caracal/mqueue/layout.hpp"
+#include "caracal/server/mqueue_manager/engine_events.hpp"
 
 namespace caracal::server {
 
-class Service;
 class EngineThread;  // one engine thread (src/mqueue_manager/engine_thread.hpp)
 
 // One message waiting for a ring: a request (server queue) or a destination's reply (client
@@ -103,16 +103,17 @@ class RegionBinding {
   virtual void request_stop() = 0;
 };
 
-// One region an agent registered for one service.
+// One region an agent registered for one service. `events` is that service (dispatch.hpp), or
+// null (tests): what the engine reports about the region's requests goes there.
 class AgentRegion {
  public:
-  AgentRegion(std::string agent, uint64_t epoch, Service* service,
+  AgentRegion(std::string agent, uint64_t epoch, EngineEvents* events,
               std::unique_ptr<RegionBinding> binding);
   ~AgentRegion();
 
   const std::string& agent() const { return agent_; }
   uint64_t epoch() const { return epoch_; }
-  Service* service() const { return service_; }
+  EngineEvents* events() const { return events_; }
   const mqueue::RegionHeader& header() const { return binding_->header(); }
   uint32_t server_queues() const { return header().server_queue_count; }
   uint32_t client_queues() const { return header().client_queue_count; }
@@ -131,7 +132,9 @@ class AgentRegion {
 
   // Called on an engine thread after the engine dropped the region for a fault (a corrupt
   // entry, a failed transport), with the fault; not when the control endpoint detaches or
-  // fails it. Set before attach.
+  // fails it. For whoever registered the region (the control endpoint reconnects an rdma
+  // region); its service hears of it through EngineEvents::on_region_unusable. Set before
+  // attach.
   void set_on_fault(std::function<void(const std::string&)> f) { on_fault_ = std::move(f); }
   void notify_fault(const std::string& fault) const {
     if (on_fault_) on_fault_(fault);
@@ -140,7 +143,7 @@ class AgentRegion {
  private:
   std::string agent_;
   uint64_t epoch_;
-  Service* service_;
+  EngineEvents* events_;
   std::unique_ptr<RegionBinding> binding_;
   std::vector<std::shared_ptr<QueueInbox>> inboxes_;
   std::vector<std::shared_ptr<ClientLink>> links_;

@@ -16,6 +16,7 @@
 #include "caracal/control/protocol.hpp"
 #include "caracal/server/front/listeners.hpp"
 #include "caracal/server/mqueue_manager/region_setup.hpp"
+#include "caracal/server/tunables.hpp"
 
 namespace caracal::server {
 
@@ -116,7 +117,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
 
  private:
   void arm_timer() {
-    timer_.expires_after(std::chrono::milliseconds(ep_.config_.control.agent_timeout_ms / 4 + 1));
+    timer_.expires_after(std::chrono::milliseconds(
+        ep_.config_.control.agent_timeout_ms / tunables::kHeartbeatChecksPerTimeout + 1));
     timer_.async_wait([self = shared_from_this()](error_code ec) {
       if (ec || self->closed_) return;
       const auto silent = Clock::now() - self->last_heard_;
@@ -294,7 +296,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     RdmaState& st = rdma_.at(service);
     const auto max = std::chrono::milliseconds(ep_.config_.control.rdma_reconnect_max_ms);
     st.backoff =
-        st.backoff.count() == 0 ? std::chrono::milliseconds(100) : std::min(st.backoff * 2, max);
+        st.backoff.count() == 0 ? tunables::kRdmaReconnectFirst : std::min(st.backoff * 2, max);
     ++st.attempts;
     st.timer->expires_after(st.backoff);
     st.timer->async_wait([self = shared_from_this(), service](error_code ec) {
@@ -379,7 +381,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     }
     for (Admitted& a : regions_) {
       a.service->remove(a.region.get());
-      ep_.engine_.detach(a.region, std::chrono::seconds(5), [self = shared_from_this(), remaining] {
+      ep_.engine_.detach(a.region, tunables::kByeDrain, [self = shared_from_this(), remaining] {
         asio::post(self->conn_->socket().get_executor(), [self, remaining] {
           if (--*remaining == 0) self->finish_bye();
         });

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "caracal/server/tunables.hpp"
+
 namespace caracal::server {
 
 using Clock = std::chrono::steady_clock;
@@ -116,8 +118,8 @@ DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flo
     if (host >= 0 && static_cast<size_t>(host) < t.by_thread.size()) {
       const auto self = static_cast<uint32_t>(host);
       const auto next_thread = static_cast<uint32_t>((self + 1) % t.by_thread.size());
-      const bool loaded = engine_.in_flight(self) >= kLocalInFlight ||
-                          engine_.in_flight(next_thread) >= kLocalInFlight;
+      const bool loaded = engine_.in_flight(self) >= tunables::kLocalInFlight ||
+                          engine_.in_flight(next_thread) >= tunables::kLocalInFlight;
       const uint32_t owner = loaded ? self : next_thread;
       if (!t.by_thread[owner].empty()) among = &t.by_thread[owner];
     }

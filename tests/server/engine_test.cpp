@@ -30,6 +30,7 @@
 #include "caracal/server/dispatch.hpp"
 #include "caracal/server/metrics/metrics.hpp"
 #include "caracal/server/mqueue_manager/engine.hpp"
+#include "caracal/server/tunables.hpp"
 #include "test_region.hpp"
 
 namespace caracal::server {
@@ -332,7 +333,7 @@ INSTANTIATE_TEST_SUITE_P(Threads, EngineTest,
 
 TEST_P(HostedEngineTest, ALoadedHostKeepsWhatItReadsOnItsOwnQueues) {
   // Dispatched from inside the last host's loop, as its sockets' handlers dispatch. While
-  // neither the host nor the next thread (thread 0) has Service::kLocalInFlight requests in
+  // neither the host nor the next thread (thread 0) has tunables::kLocalInFlight requests in
   // flight, they go to the next thread's queues (flow affinity among them); from then on to
   // the host's own, whatever their flow. The accelerator starts once all are dispatched, so no
   // count falls meanwhile: the first 8 go to thread 0, the rest to the host (with one thread,
@@ -355,7 +356,8 @@ TEST_P(HostedEngineTest, ALoadedHostKeepsWhatItReadsOnItsOwnQueues) {
     const auto it = answers.find(tokens[i]);
     ASSERT_NE(it, answers.end()) << "request " << i;
     EXPECT_EQ(it->second.reply.bytes, "re:r" + std::to_string(i));
-    const uint32_t expected = i < static_cast<size_t>(Service::kLocalInFlight) ? next_thread : host;
+    const uint32_t expected =
+        i < static_cast<size_t>(tunables::kLocalInFlight) ? next_thread : host;
     EXPECT_EQ(it->second.thread, expected) << "request " << i;
   }
   // From a thread that hosts nothing, the requests spread over every thread's queues.

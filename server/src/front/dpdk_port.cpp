@@ -22,6 +22,7 @@
 #include "caracal/server/dispatch.hpp"
 #include "caracal/server/front/dpdk_packet.hpp"
 #include "caracal/server/front/listeners.hpp"
+#include "caracal/server/tunables.hpp"
 #include "listener_common.hpp"
 
 namespace caracal::server {
@@ -36,7 +37,6 @@ using dpdk::RxFrame;
 std::atomic<bool> g_eal_tried{false};
 
 constexpr uint16_t kNoBinding = 0xFFFF;
-constexpr uint32_t kEmptyPollsBeforeSleep = 1000;
 
 Status dpdk_error(const std::string& what, int err) {
   return Status(StatusCode::kIoError, "dpdk: " + what + ": " + rte_strerror(err < 0 ? -err : err));
@@ -196,7 +196,10 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
     DpdkPortState& s = *state_;
     if (queue_ == 0) announce();
     // Idle sleeps are short; the default timer slack (50 us) would stretch each of them.
-    if (s.config.idle_sleep_us > 0) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    if (s.config.idle_sleep_us > 0) {
+      prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(tunables::kDpdkTimerSlack.count()), 0, 0,
+            0);
+    }
     uint32_t empty_polls = 0;
     while (!s.quit.load(std::memory_order_acquire)) {
       const uint16_t n = rte_eth_rx_burst(s.port_id, queue_, rx_.data(), s.config.burst);
@@ -208,7 +211,7 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
       // Sleep only with no request of this queue in flight: a reply is then on its way and
       // should leave at once.
       if (n == 0 && !replied) {
-        if (s.config.idle_sleep_us > 0 && ++empty_polls >= kEmptyPollsBeforeSleep &&
+        if (s.config.idle_sleep_us > 0 && ++empty_polls >= tunables::kDpdkEmptyPollsBeforeSleep &&
             outstanding_.load(std::memory_order_relaxed) == 0) {
           std::this_thread::sleep_for(std::chrono::microseconds(s.config.idle_sleep_us));
         }

@@ -17,6 +17,7 @@
 #include "../stream_writer.hpp"
 #include "caracal/server/dispatch.hpp"
 #include "caracal/server/framing.hpp"
+#include "caracal/server/tunables.hpp"
 #include "listener_common.hpp"
 
 namespace caracal::server {
@@ -58,7 +59,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
       : shared_(std::move(shared)), socket_(std::move(socket)), id_(id) {
     const FramingConfig& f = shared_->codec.config();
     buffer_.resize(size_t{f.max_message_bytes} + Codec::header_capacity() + f.delimiter.size() +
-                   64 * 1024);
+                   tunables::kStreamReadSlack);
     error_code ec;
     const auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "caracal/server/dispatch.hpp"
+#include "caracal/server/tunables.hpp"
 #include "listener_common.hpp"
 
 namespace caracal::server {
@@ -117,8 +118,8 @@ class UdpListenerCore final : public ReplySink,
   // engine, which serves every socket, would otherwise be the serial stage.
   // With the engine in the I/O threads, the sender is an I/O thread: it always sends itself.
   void end_burst(uint32_t thread) override {
-    const bool hand_off =
-        !engine_hosted_ && outstanding_.load(std::memory_order_relaxed) >= kHandOffOutstanding;
+    const bool hand_off = !engine_hosted_ && outstanding_.load(std::memory_order_relaxed) >=
+                                                 tunables::kUdpHandOffOutstanding;
     for (auto& s : sockets_) {
       std::vector<Datagram>& outgoing = s->outgoing[thread];
       if (outgoing.empty()) continue;
@@ -143,14 +144,9 @@ class UdpListenerCore final : public ReplySink,
     udp::endpoint peer;
     std::string bytes;
   };
-  // Requests outstanding on this listener from which the engine hands reply bursts to the I/O
-  // threads instead of sending them itself (see end_burst()).
-  static constexpr int64_t kHandOffOutstanding = 16;
-  // Datagrams taken per recvmmsg() once a receive has completed (see drain()).
-  static constexpr size_t kReceiveBatch = 16;
-  // recvmmsg() calls per drain: a socket that never runs dry gives its thread back after this
-  // many datagrams (kReceiveBatch each), so that the other handlers queued there get a turn.
-  static constexpr int kDrainRounds = 8;
+  // Batches (tunables.hpp): kUdpHandOffOutstanding (see end_burst()), kUdpReceiveBatch and
+  // kUdpDrainRounds (see drain()), kUdpSendBatch (see send_outgoing()).
+  static constexpr size_t kReceiveBatch = tunables::kUdpReceiveBatch;
 
   struct Socket {
     Socket(asio::io_context& io, uint32_t max_message_bytes)
@@ -233,12 +229,12 @@ class UdpListenerCore final : public ReplySink,
                                  });
   }
 
-  // The socket's strand: receives without waiting until the socket is empty or kDrainRounds
+  // The socket's strand: receives without waiting until the socket is empty or kUdpDrainRounds
   // batches were taken. Either way receive() follows, and Asio's own receive tries the socket
   // before it waits for the reactor, so a datagram left behind is never stranded.
   void drain(Socket& s) {
     const int fd = s.socket.native_handle();
-    for (int round = 0; round < kDrainRounds; ++round) {
+    for (int round = 0; round < tunables::kUdpDrainRounds; ++round) {
       for (size_t k = 0; k < kReceiveBatch; ++k) {
         s.pieces[k] = iovec{s.buffer(k), s.stride};
         s.headers[k] = mmsghdr{};
@@ -306,10 +302,10 @@ class UdpListenerCore final : public ReplySink,
   }
 
   // The engine thread, or the socket's I/O thread for a handed-off burst: sends `burst`, up to
-  // kSendBatch datagrams per sendmmsg() through the reply descriptor. Never blocks: a full send
-  // buffer drops what is left of the burst, another error the datagram it hit.
+  // kUdpSendBatch datagrams per sendmmsg() through the reply descriptor. Never blocks: a full
+  // send buffer drops what is left of the burst, another error the datagram it hit.
   void send_outgoing(Socket& s, std::vector<Datagram>& burst) {
-    constexpr size_t kSendBatch = 64;
+    constexpr size_t kSendBatch = tunables::kUdpSendBatch;
     std::array<mmsghdr, kSendBatch> headers;
     std::array<iovec, kSendBatch> pieces;
     size_t next = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "caracal/mqueue/shm.hpp"
+#include "caracal/server/tunables.hpp"
 #ifdef CARACAL_HAVE_RDMA
 #include "caracal/mqueue/rdma.hpp"
 #endif
@@ -21,11 +22,6 @@ namespace caracal::server {
 
 namespace prof = engine_profile;
 using Clock = std::chrono::steady_clock;
-
-// TX polling of a remote region with nothing outstanding: the first gap between fetches, and
-// the longest (see bind_rdma_region in region_setup.hpp).
-inline constexpr std::chrono::microseconds kRdmaIdleFetchMin{20};
-inline constexpr std::chrono::microseconds kRdmaIdleFetchMax{1000};
 
 namespace {
 
@@ -196,13 +192,14 @@ class TransportBinding final : public RegionBinding {
   }
 
   // After a fetch was delivered: anything found keeps polling busy; an empty fetch with
-  // nothing outstanding doubles the gap to the next one, up to kRdmaIdleFetchMax.
+  // nothing outstanding doubles the gap to the next one, up to tunables::kRdmaIdleFetchMax.
   void note_tx_fetch(bool found) {
     if constexpr (!kLocal) {
       if (found || any_in_flight()) {
         idle_fetch_gap_ = std::chrono::microseconds{0};
       } else {
-        idle_fetch_gap_ = std::clamp(idle_fetch_gap_ * 2, kRdmaIdleFetchMin, kRdmaIdleFetchMax);
+        idle_fetch_gap_ = std::clamp(idle_fetch_gap_ * 2, tunables::kRdmaIdleFetchMin,
+                                     tunables::kRdmaIdleFetchMax);
       }
       next_idle_fetch_ = Clock::now() + idle_fetch_gap_;
     } else {

@@ -10,15 +10,12 @@
 #include <utility>
 
 #include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/tunables.hpp"
 #include "profile.hpp"
 
 namespace caracal::server {
 
 namespace prof = engine_profile;
-
-// Longest sleep with nothing in flight: a thread wakes this often to drain regions that are
-// detaching and to see a stop it missed.
-constexpr std::chrono::milliseconds kIdleSleep{5};
 
 EngineThread::EngineThread(Engine& engine, uint32_t index)
     : engine_(engine), index_(index), idle_policy_(engine.options_) {}
@@ -364,7 +361,7 @@ bool EngineThread::sleep_until_woken() {
         in_flight_.load(std::memory_order_seq_cst) <= 0 &&
         !stopping_.load(std::memory_order_relaxed)) {
       if (o.sleeps != nullptr) o.sleeps->inc();
-      ran = host_->run_one_for(kIdleSleep);
+      ran = host_->run_one_for(tunables::kIdleSleep);
     }
     sleeping_.store(false, std::memory_order_seq_cst);
     return ran > 0;
@@ -379,7 +376,7 @@ bool EngineThread::sleep_until_woken() {
       in_flight_.load(std::memory_order_seq_cst) <= 0 &&
       !stopping_.load(std::memory_order_relaxed)) {
     if (o.sleeps != nullptr) o.sleeps->inc();
-    sleep_cv_.wait_for(lock, kIdleSleep);
+    sleep_cv_.wait_for(lock, tunables::kIdleSleep);
   }
   sleeping_.store(false, std::memory_order_seq_cst);
   return false;

@@ -125,7 +125,7 @@ class EngineThread {
   // counting rounds without work afresh.
   bool idle(uint32_t idle_rounds);
   // Nothing in flight: sleeps until a request, a command or a notification comes, at most
-  // kIdleSleep. The same return as idle().
+  // tunables::kIdleSleep. The same return as idle().
   bool sleep_until_woken();
   void notify_always();
 

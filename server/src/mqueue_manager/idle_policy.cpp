@@ -6,12 +6,9 @@
 #include <utility>
 
 #include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/tunables.hpp"
 
 namespace caracal::server {
-
-// Rounds without work between two looks at how much of its core a thread kept: a look is a
-// system call (the thread's CPU clock), a round with nothing to do far less.
-constexpr uint32_t kContendedLookRounds = 256;
 
 IdlePolicy::Step IdlePolicy::next_step(uint32_t idle_rounds,
                                        const std::atomic<int64_t>& in_flight) {
@@ -20,7 +17,7 @@ IdlePolicy::Step IdlePolicy::next_step(uint32_t idle_rounds,
   if (spin_short_until_) {
     spin = std::min(spin, o.contended_spin_rounds);
     if (idle_rounds == spin && Clock::now() >= *spin_short_until_) spin_short_until_.reset();
-  } else if (idle_rounds % kContendedLookRounds == 0 && lost_core_since_last_look()) {
+  } else if (idle_rounds % tunables::kContendedLookRounds == 0 && lost_core_since_last_look()) {
     spin_short_until_ = Clock::now() + o.contended_hold;
     if (o.spins_cut != nullptr) o.spins_cut->inc();
     spin = std::min(spin, o.contended_spin_rounds);
@@ -52,7 +49,7 @@ bool IdlePolicy::lost_core_since_last_look() {
   // core.
   const auto wall = now.wall - last->wall;
   const auto lost = wall - (now.cpu - last->cpu);
-  return lost >= options_.contended_lost_min && lost * 8 >= wall;
+  return lost >= options_.contended_lost_min && lost * tunables::kContendedLostShare >= wall;
 }
 
 }  // namespace caracal::server

@@ -4,10 +4,11 @@
 // Spinning keeps a request's latency down only where the thread has a core to itself. Where
 // runnable threads outnumber cores (2 I/O threads and the agent's CPU worker on 2 cores), a
 // spinning thread holds the core that the thread it waits for needs, until the scheduler's time
-// slice ends: replies then take milliseconds. So a thread looks every kContendedLookRounds rounds
-// without work at how much of its core it kept since it last looked, and one that lost a good
-// part of it (at least EngineOptions::contended_lost_min, and an eighth of the time) spins short
-// for EngineOptions::contended_hold. A short preemption (a kernel worker, a client woken on the
+// slice ends: replies then take milliseconds. So a thread looks every
+// tunables::kContendedLookRounds rounds without work at how much of its core it kept since it
+// last looked, and one that lost a good part of it (at least EngineOptions::contended_lost_min,
+// and 1/tunables::kContendedLostShare of the time) spins short for
+// EngineOptions::contended_hold. A short preemption (a kernel worker, a client woken on the
 // same core) does not count.
 //
 // The policy only decides; the engine thread carries the step out (engine_thread.cpp), since a

@@ -79,10 +79,6 @@ class Service final : public EngineEvents {
   void on_line_reply() override { line_replies_.inc(); }
   void on_unrouted(DropReason reason) override { drops_.inc(reason); }
 
-  // Requests in flight on an engine thread from which the I/O thread that hosts it, or the one
-  // before it, counts it as loaded (see Targets::by_thread).
-  static constexpr int64_t kLocalInFlight = 8;
-
  private:
   struct Target {
     std::shared_ptr<AgentRegion> region;
@@ -93,12 +89,12 @@ class Service final : public EngineEvents {
     std::vector<Target> all;
     // The indexes into `all` of the queues engine thread i serves. With the engine in the I/O
     // threads (Engine::hosted_thread()), a request goes to a queue of the thread that read it
-    // once that thread, or the next one, has kLocalInFlight requests in flight or more, so that
-    // under load it reaches its ring without a hand-off between threads. Below that it goes to
-    // the next thread (thread i + 1, the last thread's is thread 0): a thread that polls takes
-    // it into its ring while the reading thread is still busy with its socket, which is
-    // quicker for a lone request. Only the next thread, not any: at low load the others then
-    // have nothing to do and sleep, instead of every I/O thread spinning for requests that
+    // once that thread, or the next one, has tunables::kLocalInFlight requests in flight or
+    // more, so that under load it reaches its ring without a hand-off between threads. Below
+    // that it goes to the next thread (thread i + 1, the last thread's is thread 0): a thread
+    // that polls takes it into its ring while the reading thread is still busy with its socket,
+    // which is quicker for a lone request. Only the next thread, not any: at low load the others
+    // then have nothing to do and sleep, instead of every I/O thread spinning for requests that
     // come one at a time.
     std::vector<std::vector<uint32_t>> by_thread;
   };

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "caracal/server/tunables.hpp"
+
 namespace caracal::server {
 
 inline constexpr uint32_t kTokenSlotBits = 20;
@@ -61,7 +63,9 @@ struct Reply {
 };
 
 // Engine threads a server may run (EngineOptions::threads).
-inline constexpr uint32_t kMaxEngineThreads = 8;
+using tunables::kMaxEngineThreads;
+
+static_assert(tunables::kReplySlots <= kMaxReplySlots, "a reply slot must fit in the token");
 
 // A TCP connection, or a UDP listener for its requests. deliver() and end_burst() are called
 // from engine threads only, and must not block. `thread` names the engine thread that calls;

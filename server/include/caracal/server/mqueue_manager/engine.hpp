@@ -34,6 +34,7 @@
 
 #include "caracal/server/mqueue_manager/region.hpp"
 #include "caracal/server/reply_routing.hpp"
+#include "caracal/server/tunables.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -43,20 +44,21 @@ namespace caracal::server {
 
 class Counter;  // metrics/metrics.hpp
 
+// The defaults are in tunables.hpp, with the reasons for their values; tests set their own.
 struct EngineOptions {
   // Rounds without work a thread spins before it starts yielding, then sleeping.
-  uint32_t spin_rounds = 20000;
+  uint32_t spin_rounds = tunables::kSpinRounds;
   // Spinning pays only on a core of the thread's own. A thread that lost its core to other
   // threads for at least `contended_lost_min`, and an eighth of the time, since it last looked
   // (more runnable threads than cores: another poller on the host, the agent's CPU workers,
   // the clients) spins at most `contended_spin_rounds` instead, for `contended_hold`, and then
-  // tries the long spin again. A thread looks every kContendedLookRounds rounds without work
-  // (idle_policy.cpp), at its CPU clock against the wall clock.
-  uint32_t contended_spin_rounds = 64;
-  std::chrono::microseconds contended_lost_min{500};
-  std::chrono::milliseconds contended_hold{1000};
+  // tries the long spin again. A thread looks every tunables::kContendedLookRounds rounds
+  // without work (idle_policy.cpp), at its CPU clock against the wall clock.
+  uint32_t contended_spin_rounds = tunables::kContendedSpinRounds;
+  std::chrono::microseconds contended_lost_min = tunables::kContendedLostMin;
+  std::chrono::milliseconds contended_hold = tunables::kContendedHold;
   // Longest sleep while replies are outstanding (latency cost of an idle engine).
-  std::chrono::microseconds max_poll_sleep{50};
+  std::chrono::microseconds max_poll_sleep = tunables::kMaxPollSleep;
   // Engine threads, 1 to kMaxEngineThreads (see the top of this file).
   uint32_t threads = 1;
   // Counts the times a thread found it had lost its core and spun short; may be null.

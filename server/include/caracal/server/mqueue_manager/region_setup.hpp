@@ -41,8 +41,8 @@ struct RdmaRegionTarget {
 //
 // TX polling over rdma is adaptive: while requests are outstanding the binding fetches every
 // TX tail (one RDMA READ) each round; with none outstanding it waits between fetches, from
-// kRdmaIdleFetchMin doubling up to kRdmaIdleFetchMax (datapath.cpp), so an idle region costs a
-// READ per millisecond at most, and a call a client queue makes waits at most that long to be seen.
+// tunables::kRdmaIdleFetchMin doubling up to kRdmaIdleFetchMax, so an idle region costs a READ
+// per millisecond at most, and a call a client queue makes waits at most that long to be seen.
 // The shm binding reads its tails every round (a load, no READ).
 Result<std::unique_ptr<RegionBinding>> bind_rdma_region(const RdmaRegionTarget& target);
 

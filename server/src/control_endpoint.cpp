@@ -1,17 +1,14 @@
 #include "caracal/server/control_endpoint.hpp"
 
-#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <thread>
 
+#include "blocking_worker.hpp"
 #include "caracal/control/connection.hpp"
 #include "caracal/control/protocol.hpp"
 #include "caracal/server/front/listeners.hpp"
@@ -24,55 +21,6 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using boost::system::error_code;
 using Clock = std::chrono::steady_clock;
-
-// One thread that runs blocking jobs (rdma connects) in order, off the I/O threads. stop()
-// drops what has not started and joins the running job.
-class BlockingWorker {
- public:
-  BlockingWorker() : thread_([this] { run(); }) {}
-  ~BlockingWorker() { stop(); }
-
-  void submit(std::function<void()> job) {
-    {
-      std::lock_guard lock(m_);
-      if (stopping_) return;
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-  }
-
-  void stop() {
-    {
-      std::lock_guard lock(m_);
-      stopping_ = true;
-      jobs_.clear();
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void run() {
-    pthread_setname_np(pthread_self(), "caracal-connect");
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock lock(m_);
-        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        if (stopping_) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
 
 class ControlSession : public std::enable_shared_from_this<ControlSession> {
  public:

@@ -2,8 +2,8 @@
 # Where snic_server's engine thread spends its time at saturation: one server and agent per
 # point, caracal_loadgen's saturation load (run.sh's), then the server is stopped and the
 # engine's report is taken from its log. SNIC must be built with -DCARACAL_ENGINE_PROFILE=ON
-# (engine_profile.hpp); with PERF (a perf binary) the engine thread is also sampled
-# (cpu-clock) during the measured window, and the flat profile is kept.
+# (server/src/mqueue_manager/profile.hpp); with PERF (a perf binary) the engine thread is also
+# sampled (cpu-clock) during the measured window, and the flat profile is kept.
 #
 #   bench/compare/engine_profile.sh BUILD_DIR RESULTS_DIR
 #

@@ -9,7 +9,8 @@
 
 #include "caracal/control/protocol.hpp"
 #include "caracal/mqueue/layout.hpp"
-#include "caracal/server/reply.hpp"
+#include "caracal/server/reply_routing.hpp"
+#include "caracal/server/tunables.hpp"
 
 namespace caracal::server {
 namespace {
@@ -47,7 +48,9 @@ ControlConfig parse_control(const Field& f) {
     c.rdma_connect_timeout_ms = static_cast<uint32_t>(v->as_uint(10, 60'000));
   }
   if (auto v = f.optional("rdma_reconnect_max_ms")) {
-    c.rdma_reconnect_max_ms = static_cast<uint32_t>(v->as_uint(100, 600'000));
+    // Not below the first wait (tunables::kRdmaReconnectFirst), which it caps.
+    c.rdma_reconnect_max_ms = static_cast<uint32_t>(
+        v->as_uint(static_cast<uint64_t>(tunables::kRdmaReconnectFirst.count()), 600'000));
   }
   if (auto v = f.optional("rdma_ack_timeout")) {
     c.rdma_ack_timeout = static_cast<uint8_t>(v->as_uint(1, 31));

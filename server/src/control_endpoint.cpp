@@ -1,20 +1,19 @@
 #include "caracal/server/control_endpoint.hpp"
 
-#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <thread>
 
+#include "blocking_worker.hpp"
 #include "caracal/control/connection.hpp"
 #include "caracal/control/protocol.hpp"
-#include "caracal/server/listeners.hpp"
+#include "caracal/server/front/listeners.hpp"
+#include "caracal/server/mqueue_manager/region_setup.hpp"
+#include "caracal/server/tunables.hpp"
 
 namespace caracal::server {
 
@@ -22,55 +21,6 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using boost::system::error_code;
 using Clock = std::chrono::steady_clock;
-
-// One thread that runs blocking jobs (rdma connects) in order, off the I/O threads. stop()
-// drops what has not started and joins the running job.
-class BlockingWorker {
- public:
-  BlockingWorker() : thread_([this] { run(); }) {}
-  ~BlockingWorker() { stop(); }
-
-  void submit(std::function<void()> job) {
-    {
-      std::lock_guard lock(m_);
-      if (stopping_) return;
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-  }
-
-  void stop() {
-    {
-      std::lock_guard lock(m_);
-      stopping_ = true;
-      jobs_.clear();
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void run() {
-    pthread_setname_np(pthread_self(), "caracal-connect");
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock lock(m_);
-        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        if (stopping_) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
 
 class ControlSession : public std::enable_shared_from_this<ControlSession> {
  public:
@@ -93,9 +43,12 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
             [self = shared_from_this()](control::Connection::Ending ending,
                                         const std::string& why) {
               switch (ending) {
-                case control::Connection::Ending::kClosed: return self->lose("connection closed");
-                case control::Connection::Ending::kBroken: return self->lose(why);
-                case control::Connection::Ending::kMalformed: return self->refuse_and_close("", why);
+                case control::Connection::Ending::kClosed:
+                  return self->lose("connection closed");
+                case control::Connection::Ending::kBroken:
+                  return self->lose(why);
+                case control::Connection::Ending::kMalformed:
+                  return self->refuse_and_close("", why);
               }
             },
     });
@@ -112,7 +65,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
 
  private:
   void arm_timer() {
-    timer_.expires_after(std::chrono::milliseconds(ep_.config_.control.agent_timeout_ms / 4 + 1));
+    timer_.expires_after(std::chrono::milliseconds(
+        ep_.config_.control.agent_timeout_ms / tunables::kHeartbeatChecksPerTimeout + 1));
     timer_.async_wait([self = shared_from_this()](error_code ec) {
       if (ec || self->closed_) return;
       const auto silent = Clock::now() - self->last_heard_;
@@ -190,8 +144,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
         known += (known.empty() ? "" : ", ") + name;
       return refuse_region(r.service, what + ": no such service (configured: " + known + ")");
     }
-    for (const auto& a : regions_) {
-      if (a->service() == svc->second) {
+    for (const Admitted& a : regions_) {
+      if (a.service == svc->second) {
         return refuse_region(r.service, what + ": this agent already serves the service");
       }
     }
@@ -212,8 +166,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
       if (rdma_.contains(r.service)) {
         return refuse_region(r.service, what + ": this agent already serves the service");
       }
-      rdma_[r.service] =
-          RdmaState{r, svc->second, std::make_shared<asio::steady_timer>(conn_->socket().get_executor())};
+      rdma_[r.service] = RdmaState{
+          r, svc->second, std::make_shared<asio::steady_timer>(conn_->socket().get_executor())};
       spdlog::info("{}: {}: connecting to rdma {}:{}", origin_, what, r.rdma_host, r.rdma_port);
       connect_rdma(r.service, /*first=*/true);
       return;
@@ -274,9 +228,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   // The engine dropped a region for a fault (engine thread -> posted here).
   void on_region_fault(const AgentRegion* region, const std::string& fault) {
     auto it = std::find_if(regions_.begin(), regions_.end(),
-                           [&](const auto& r) { return r.get() == region; });
+                           [&](const Admitted& a) { return a.region.get() == region; });
     if (closed_ || it == regions_.end()) return;
-    const std::string service = (*it)->service()->name();
+    const std::string service = it->service->name();
     regions_.erase(it);
     if (detaching_ || !rdma_.contains(service)) return;
     SPDLOG_WARN(
@@ -290,7 +244,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     RdmaState& st = rdma_.at(service);
     const auto max = std::chrono::milliseconds(ep_.config_.control.rdma_reconnect_max_ms);
     st.backoff =
-        st.backoff.count() == 0 ? std::chrono::milliseconds(100) : std::min(st.backoff * 2, max);
+        st.backoff.count() == 0 ? tunables::kRdmaReconnectFirst : std::min(st.backoff * 2, max);
     ++st.attempts;
     st.timer->expires_after(st.backoff);
     st.timer->async_wait([self = shared_from_this(), service](error_code ec) {
@@ -344,7 +298,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     }
     if (Status s = svc->add(region); !s.ok()) return refuse(what + ": " + s.message());
     ep_.engine_.attach(region);
-    regions_.push_back(region);
+    regions_.push_back(Admitted{region, svc});
     if (first) {
       spdlog::info(
           "{}: {} attached: {} server queue(s), {} client queue(s), {} slots of {} B, "
@@ -373,9 +327,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
       finish_bye();
       return;
     }
-    for (auto& region : regions_) {
-      region->service()->remove(region.get());
-      ep_.engine_.detach(region, std::chrono::seconds(5), [self = shared_from_this(), remaining] {
+    for (Admitted& a : regions_) {
+      a.service->remove(a.region.get());
+      ep_.engine_.detach(a.region, tunables::kByeDrain, [self = shared_from_this(), remaining] {
         asio::post(self->conn_->socket().get_executor(), [self, remaining] {
           if (--*remaining == 0) self->finish_bye();
         });
@@ -399,10 +353,10 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     } else {
       spdlog::info("{}: {}", origin_, reason);
     }
-    for (auto& region : regions_) {
-      region->service()->remove(region.get());
+    for (Admitted& a : regions_) {
+      a.service->remove(a.region.get());
       if (!detaching_) {
-        ep_.engine_.fail(region, "agent " + hello_.agent + " lost: " + reason);
+        ep_.engine_.fail(a.region, "agent " + hello_.agent + " lost: " + reason);
       }
     }
     regions_.clear();
@@ -413,9 +367,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   void refuse_and_close(const std::string& service, const std::string& message) {
     SPDLOG_WARN("{}: {}", origin_, message);
     send(control::Refused{service, message});
-    for (auto& region : regions_) {
-      region->service()->remove(region.get());
-      ep_.engine_.fail(region, "agent " + hello_.agent + " refused: " + message);
+    for (Admitted& a : regions_) {
+      a.service->remove(a.region.get());
+      ep_.engine_.fail(a.region, "agent " + hello_.agent + " refused: " + message);
     }
     regions_.clear();
     if (hello_done_) ep_.forget(hello_.agent, this);
@@ -449,7 +403,12 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   bool detaching_ = false;
   control::Hello hello_;
   Clock::time_point last_heard_;
-  std::vector<std::shared_ptr<AgentRegion>> regions_;
+  // The regions in dispatch, with the service each serves.
+  struct Admitted {
+    std::shared_ptr<AgentRegion> region;
+    Service* service = nullptr;
+  };
+  std::vector<Admitted> regions_;
   // transport rdma, by service: the announcement, kept to reconnect with while the agent is
   // registered (from the announcement until the session ends or the region is refused).
   struct RdmaState {

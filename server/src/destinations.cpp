@@ -11,6 +11,7 @@
 
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/server/framing.hpp"
+#include "caracal/server/tunables.hpp"
 #include "stream_writer.hpp"
 
 namespace caracal::server {
@@ -38,7 +39,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
         failures_(metrics.counter("caracal_destination_failures_total",
                                   "Calls answered with an error (connection failed, bad reply)",
                                   {{"destination", config.name}})) {
-    buffer_.resize(size_t{config_.framing.max_message_bytes} + 64 * 1024);
+    buffer_.resize(size_t{config_.framing.max_message_bytes} + tunables::kStreamReadSlack);
   }
 
   void send(uint64_t token, std::string bytes) override {

@@ -17,8 +17,9 @@
 
 #include "caracal/core/service_manager.hpp"
 #include "caracal/server/config.hpp"
-#include "caracal/server/log_summary.hpp"
+#include "caracal/server/metrics/log_summary.hpp"
 #include "caracal/server/server.hpp"
+#include "caracal/server/tunables.hpp"
 
 #ifndef CARACAL_VERSION
 #define CARACAL_VERSION "unknown"
@@ -30,12 +31,12 @@ namespace {
 // thread and the engine, both ways). With glibc's defaults, a free that leaves more than
 // 128 KiB at the top of an arena gives the pages back to the kernel, and the next allocations
 // fault them in again, which at 16 KiB messages cost the engine thread a large share of its time
-// (bench/results/EXPERIMENTS.md, engine-16k-h200). The server keeps up to 64 MiB free per arena
-// instead, and buffers below 1 MiB stay off mmap.
+// (bench/results/EXPERIMENTS.md, engine-16k-h200). The server keeps more free per arena instead,
+// and buffers below a larger threshold off mmap (tunables.hpp).
 void keep_freed_memory() {
 #ifdef __GLIBC__
-  mallopt(M_TRIM_THRESHOLD, 64 << 20);
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_TRIM_THRESHOLD, caracal::server::tunables::kMallocTrimThreshold);
+  mallopt(M_MMAP_THRESHOLD, caracal::server::tunables::kMallocMmapThreshold);
 #endif
 }
 
@@ -139,7 +140,8 @@ int main(int argc, char** argv) {
     });
   };
   wait_for_signal();
-  spdlog::flush_every(std::chrono::seconds(1));  // a thread: after the signal_set, as above
+  // A thread: after the signal_set, as above.
+  spdlog::flush_every(caracal::server::tunables::kLogFlushPeriod);
 
   caracal::server::Server server(config);
   if (caracal::Status s = server.start(); !s.ok()) {

@@ -5,7 +5,24 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 
+#include "caracal/server/tunables.hpp"
+
 namespace caracal::server {
+
+namespace {
+
+// The help texts of the engine's counters say how long its spins are cut and its sleeps last.
+static_assert(tunables::kContendedHold == std::chrono::seconds(1),
+              "caracal_engine_spins_cut_total's help says 'for the next second'");
+std::string engine_sleeps_help() {
+  return fmt::format(
+      "Times an engine thread (or an I/O thread running the engine) ran out of rounds to spin and "
+      "went to sleep until work came, or for at most {} ms ({} us while replies were "
+      "outstanding)",
+      tunables::kIdleSleep.count(), tunables::kMaxPollSleep.count());
+}
+
+}  // namespace
 
 Server::Server(ServerConfig config, ServerOptions options)
     : config_(std::move(config)),
@@ -21,11 +38,7 @@ Server::Server(ServerConfig config, ServerOptions options)
                   "other threads had taken its core for a good part of the time while it "
                   "polled, and spun short for the next second: more runnable threads than "
                   "cores"),
-              .sleeps = &metrics_.counter(
-                  "caracal_engine_sleeps_total",
-                  "Times an engine thread (or an I/O thread running the engine) ran out of "
-                  "rounds to spin and went to sleep until work came, or for at most 5 ms (50 us "
-                  "while replies were outstanding)")}),
+              .sleeps = &metrics_.counter("caracal_engine_sleeps_total", engine_sleeps_help())}),
       io_(config_.io_threads) {
   // engine_threads 0: every I/O thread hosts an engine thread (parse_server_config keeps
   // io_threads within kMaxEngineThreads then).
@@ -106,7 +119,7 @@ void Server::stop() {
   // 2. Requests in flight get their replies, up to the drain time.
   const auto deadline = std::chrono::steady_clock::now() + options_.drain;
   while (engine_.in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(tunables::kStopPoll);
   }
   if (engine_.in_flight() > 0) {
     SPDLOG_WARN("{} request(s) still in flight after {} ms; failing them", engine_.in_flight(),
@@ -119,9 +132,9 @@ void Server::stop() {
   engine_.stop();
   // Connections close by themselves once their last replies are written (each releases its
   // reply slot); whatever is still open after a moment is closed.
-  const auto close_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  const auto close_deadline = std::chrono::steady_clock::now() + tunables::kStopCloseWait;
   while (replies_.in_use() > 0 && std::chrono::steady_clock::now() < close_deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(tunables::kStopPoll);
   }
   // The DPDK workers sent the replies of the drain; now they stop and the port closes.
   if (dpdk_) dpdk_->stop();

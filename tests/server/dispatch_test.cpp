@@ -6,8 +6,8 @@
 #include <map>
 
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/engine.hpp"
-#include "caracal/server/service.hpp"
+#include "caracal/server/dispatch.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
 #include "test_region.hpp"
 
 namespace caracal::server {

@@ -27,9 +27,10 @@
 #include "caracal/accel/cpu.hpp"
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/engine.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/service.hpp"
+#include "caracal/server/dispatch.hpp"
+#include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
+#include "caracal/server/tunables.hpp"
 #include "test_region.hpp"
 
 namespace caracal::server {
@@ -232,6 +233,9 @@ TEST_P(EngineTest, ATxLineThatCannotBeAnEntryFailsTheRegionWithTheReason) {
             "agent fault: server queue 0: corrupt TX entry (TX line announces an entry that does "
             "not fit in a line)");
   EXPECT_EQ(engine_->in_flight(), 0);
+  // The engine told the service (EngineEvents::on_region_unusable) before it failed the
+  // request: the region has left dispatch.
+  EXPECT_EQ(service_->queue_count(), 0u);
 }
 
 TEST_P(EngineTest, FailAnswersWhatEveryThreadHeld) {
@@ -329,7 +333,7 @@ INSTANTIATE_TEST_SUITE_P(Threads, EngineTest,
 
 TEST_P(HostedEngineTest, ALoadedHostKeepsWhatItReadsOnItsOwnQueues) {
   // Dispatched from inside the last host's loop, as its sockets' handlers dispatch. While
-  // neither the host nor the next thread (thread 0) has Service::kLocalInFlight requests in
+  // neither the host nor the next thread (thread 0) has tunables::kLocalInFlight requests in
   // flight, they go to the next thread's queues (flow affinity among them); from then on to
   // the host's own, whatever their flow. The accelerator starts once all are dispatched, so no
   // count falls meanwhile: the first 8 go to thread 0, the rest to the host (with one thread,
@@ -352,7 +356,8 @@ TEST_P(HostedEngineTest, ALoadedHostKeepsWhatItReadsOnItsOwnQueues) {
     const auto it = answers.find(tokens[i]);
     ASSERT_NE(it, answers.end()) << "request " << i;
     EXPECT_EQ(it->second.reply.bytes, "re:r" + std::to_string(i));
-    const uint32_t expected = i < static_cast<size_t>(Service::kLocalInFlight) ? next_thread : host;
+    const uint32_t expected =
+        i < static_cast<size_t>(tunables::kLocalInFlight) ? next_thread : host;
     EXPECT_EQ(it->second.thread, expected) << "request " << i;
   }
   // From a thread that hosts nothing, the requests spread over every thread's queues.
@@ -371,6 +376,75 @@ INSTANTIATE_TEST_SUITE_P(Threads, HostedEngineTest,
                          [](const auto& info) {
                            return "hosted" + std::to_string(std::get<0>(info.param));
                          });
+
+// What the engine reports about a region goes to the region's EngineEvents and nowhere else: a
+// region whose events are not a Service is served the same, and hears of every answer, of the
+// room its requests' writes made, and of a reply nobody is left to take.
+class RecordingEvents final : public EngineEvents {
+ public:
+  const std::string& name() const override { return name_; }
+  void on_room() override { rooms.fetch_add(1); }
+  void on_region_unusable(const AgentRegion&) override { unusable.fetch_add(1); }
+  void on_answer(Reply::Kind kind, std::chrono::steady_clock::duration) override {
+    (kind == Reply::Kind::kData ? data : errors).fetch_add(1);
+  }
+  void on_line_reply() override { line_replies.fetch_add(1); }
+  void on_unrouted(DropReason reason) override {
+    if (reason == DropReason::kConnectionClosed) connection_closed.fetch_add(1);
+  }
+
+  std::atomic<int> rooms{0}, unusable{0}, data{0}, errors{0}, line_replies{0}, connection_closed{0};
+
+ private:
+  std::string name_ = "recorded";
+};
+
+TEST(EngineEvents, TheEngineReportsARegionsRequestsToItsEvents) {
+  spdlog::set_level(spdlog::level::warn);
+  ReplyTable replies(64);
+  Engine engine(replies, EngineOptions{.threads = 1});
+  RecordingEvents events;
+  mqueue::RegionGeometry g;
+  g.server_queue_count = 2;
+  g.slot_bytes = 64;
+  g.ring_capacity = 64;
+  g.max_message_bytes = 256;
+  test::TestRegion r = test::make_test_region("events", g, 7, &events);
+  ASSERT_TRUE(r.region);
+  engine.attach(r.region);
+  engine.start();
+  accel::CpuOptions o;
+  o.workers = 1;
+  accel::CpuAccelerator<Prefix> accelerator(mqueue::RegionView(r.mapping.data()), Prefix{}, o);
+  ASSERT_TRUE(accelerator.start().ok());
+
+  // Requests into the inboxes as dispatch leaves them; the last one's slot is released before
+  // it is written, as when its connection closes, so its reply has nowhere to go.
+  auto sink = std::make_shared<RecordingSink>();
+  constexpr int kRequests = 40;
+  for (int i = 0; i <= kRequests; ++i) {
+    const std::optional<uint64_t> token = replies.acquire(sink);
+    ASSERT_TRUE(token.has_value());
+    if (i == kRequests) replies.release(*token);
+    const uint32_t q = static_cast<uint32_t>(i) % g.server_queue_count;
+    QueueInbox& inbox = r.region->inbox(q);
+    inbox.outstanding.fetch_add(1);
+    Message m{*token, 0, "r" + std::to_string(i), std::chrono::steady_clock::now()};
+    ASSERT_TRUE(inbox.submit(m));
+    engine.note_dispatched(*r.region, q);
+  }
+  EXPECT_EQ(sink->wait_for(kRequests).size(), static_cast<size_t>(kRequests));
+  for (int i = 0; i < 1000 && events.connection_closed.load() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  accelerator.stop();
+  engine.stop();
+  EXPECT_EQ(events.data.load(), kRequests + 1);
+  EXPECT_EQ(events.errors.load(), 0);
+  EXPECT_EQ(events.connection_closed.load(), 1);
+  EXPECT_GT(events.rooms.load(), 0);
+  EXPECT_EQ(events.unusable.load(), 0);
+  EXPECT_EQ(events.line_replies.load(), 0) << "the region has no TX lines";
+}
 
 // A server that stops before its I/O threads reach their loops: the engine settles what it was
 // given on the stopping thread, and the hosts that come later run no round.

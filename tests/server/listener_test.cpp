@@ -16,6 +16,7 @@
 #include "caracal/config/yaml.hpp"
 #include "caracal/server/config.hpp"
 #include "caracal/server/server.hpp"
+#include "caracal/server/tunables.hpp"
 
 namespace caracal::server {
 namespace {
@@ -75,8 +76,9 @@ TEST(UdpListener, SocketBuffersAreTheConfiguredSize) {
   server.stop();
 }
 
-// 200 datagrams sent at once, more than kReceiveBatch x kDrainRounds: with no agent attached,
-// each gets the error reply, so every one of them was received.
+// 200 datagrams sent at once, more than one turn of the socket's I/O thread takes (tunables.hpp:
+// kUdpReceiveBatch x kUdpDrainRounds): with no agent attached, each gets the error reply, so
+// every one of them was received.
 TEST(UdpListener, ABurstIsReceivedWhole) {
   Server server(udp_config(""));
   ASSERT_TRUE(server.start().ok());
@@ -91,6 +93,7 @@ TEST(UdpListener, ABurstIsReceivedWhole) {
   to.sin_port = htons(server.listener_port("e", 0));
   to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   constexpr int kBurst = 200;
+  static_assert(kBurst > tunables::kUdpReceiveBatch * tunables::kUdpDrainRounds);
   for (int i = 0; i < kBurst; ++i) {
     const std::string m = "request " + std::to_string(i);
     ASSERT_EQ(sendto(fd, m.data(), m.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof(to)),

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "caracal/server/log_summary.hpp"
+#include "caracal/server/metrics/log_summary.hpp"
 
 namespace caracal::server {
 namespace {

@@ -4,7 +4,7 @@
 #include <thread>
 #include <vector>
 
-#include "caracal/server/reply.hpp"
+#include "caracal/server/reply_routing.hpp"
 #include "caracal/server/thread_shard.hpp"
 
 namespace caracal::server {

@@ -9,7 +9,8 @@
 #include <string>
 
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/engine.hpp"
+#include "caracal/server/mqueue_manager/region.hpp"
+#include "caracal/server/mqueue_manager/region_setup.hpp"
 
 namespace caracal::server::test {
 
@@ -21,7 +22,7 @@ struct TestRegion {
 // `name` tells the regions of one test process apart. On failure the test fails and `region`
 // is null.
 inline TestRegion make_test_region(const std::string& name, const mqueue::RegionGeometry& g,
-                                   uint64_t epoch, Service* service) {
+                                   uint64_t epoch, EngineEvents* events) {
   const mqueue::RegionHeader h = mqueue::compute_layout(g, epoch);
   const std::string shm = "/caracal-server-test-" + std::to_string(getpid()) + "-" + name;
   TestRegion r;
@@ -33,7 +34,7 @@ inline TestRegion make_test_region(const std::string& name, const mqueue::Region
   Result<std::unique_ptr<RegionBinding>> b = bind_shm_region(shm, h.region_bytes);
   EXPECT_TRUE(b.ok()) << b.status().message();
   if (!b.ok()) return r;
-  r.region = std::make_shared<AgentRegion>(name, epoch, service, std::move(b).value());
+  r.region = std::make_shared<AgentRegion>(name, epoch, events, std::move(b).value());
   return r;
 }
 

@@ -126,7 +126,8 @@ struct ControlConfig {
   // the control endpoint's own, never on an I/O thread.
   uint32_t rdma_connect_timeout_ms = 2000;
   // After an rdma region's transport fails while its agent stays registered, the server
-  // reconnects after 100 ms, doubling the wait after each failed try up to this.
+  // reconnects after tunables::kRdmaReconnectFirst, doubling the wait after each failed try up
+  // to this.
   uint32_t rdma_reconnect_max_ms = 5000;
   // The RC queue pairs to rdma regions: local ACK timeout (exponent of 4.096 us * 2^n, 1-31)
   // and transport retries (0-7). An agent whose RDMA device stops answering fails its queue

@@ -9,8 +9,9 @@
 // control.rdma_connect_timeout_ms of the config, per step), so they run on the endpoint's own
 // connect thread, one at a time, and the result is posted back to the session. When an rdma
 // region's transport fails (the engine drops it and fails its requests in flight) while its
-// agent is still registered, the session reconnects with backoff (100 ms doubling up to
-// control.rdma_reconnect_max_ms) and re-admits the region once connect and attach succeed.
+// agent is still registered, the session reconnects with backoff (tunables::kRdmaReconnectFirst
+// doubling up to control.rdma_reconnect_max_ms) and re-admits the region once connect and attach
+// succeed.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -23,9 +24,9 @@
 #include "caracal/core/status.hpp"
 #include "caracal/server/config.hpp"
 #include "caracal/server/destinations.hpp"
-#include "caracal/server/engine.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/service.hpp"
+#include "caracal/server/dispatch.hpp"
+#include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
 
 namespace caracal::server {
 

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "caracal/server/config.hpp"
-#include "caracal/server/engine.hpp"
-#include "caracal/server/metrics.hpp"
+#include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
 
 namespace caracal::server {
 

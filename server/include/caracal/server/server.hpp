@@ -13,20 +13,21 @@
 #include "caracal/server/config.hpp"
 #include "caracal/server/control_endpoint.hpp"
 #include "caracal/server/destinations.hpp"
-#include "caracal/server/dpdk_port.hpp"
-#include "caracal/server/engine.hpp"
-#include "caracal/server/listeners.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/reply.hpp"
-#include "caracal/server/service.hpp"
+#include "caracal/server/dispatch.hpp"
+#include "caracal/server/front/dpdk_port.hpp"
+#include "caracal/server/front/listeners.hpp"
+#include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
+#include "caracal/server/reply_routing.hpp"
+#include "caracal/server/tunables.hpp"
 
 namespace caracal::server {
 
 struct ServerOptions {
   // Requests of one server in flight at once (TCP connections and UDP requests share them).
-  uint32_t reply_slots = 65536;
+  uint32_t reply_slots = tunables::kReplySlots;
   // How long stop() waits for requests in flight before failing them.
-  std::chrono::milliseconds drain{3000};
+  std::chrono::milliseconds drain = tunables::kStopDrain;
 };
 
 class Server {

@@ -7,11 +7,13 @@
 #include <atomic>
 #include <cstdint>
 
+#include "caracal/server/tunables.hpp"
+
 namespace caracal::server {
 
 // Cells a sharded structure keeps; threads beyond this many share cells (still correct, only
 // no longer free of sharing).
-inline constexpr uint32_t kThreadShards = 16;
+using tunables::kThreadShards;
 
 // This thread's shard in [0, kThreadShards): threads get 0, 1, 2, ... in the order they first
 // ask, so the first kThreadShards threads (a server's I/O and engine threads) each have one of

@@ -1,4 +1,4 @@
-#include "caracal/server/metrics.hpp"
+#include "caracal/server/metrics/metrics.hpp"
 
 #include <algorithm>
 #include <charconv>

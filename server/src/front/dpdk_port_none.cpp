@@ -2,8 +2,8 @@
 // read (config.cpp), so open() only answers why it cannot run.
 #include <stdexcept>
 
-#include "caracal/server/dpdk_port.hpp"
-#include "caracal/server/listeners.hpp"
+#include "caracal/server/front/dpdk_port.hpp"
+#include "caracal/server/front/listeners.hpp"
 
 namespace caracal::server {
 

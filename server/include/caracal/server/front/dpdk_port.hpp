@@ -16,8 +16,8 @@
 
 #include "caracal/core/status.hpp"
 #include "caracal/server/config.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/reply.hpp"
+#include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/reply_routing.hpp"
 
 namespace caracal::server {
 

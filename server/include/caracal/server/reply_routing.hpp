@@ -1,5 +1,5 @@
-// Where a reply goes. The server puts a reply address in the token of every request it writes
-// into an RX ring, and the handler copies it to its response:
+// Reply routing: where a reply goes. The server puts a reply address in the token of every
+// request it writes into an RX ring, and the handler copies it to its response:
 //
 //   token = slot (20 bits) | generation (20 bits) | sequence (24 bits)
 //
@@ -7,6 +7,10 @@
 // time it is released, so a reply that arrives after its connection closed (and the slot was
 // given to another client) never matches: it is dropped and counted. The sequence orders the
 // replies of one TCP connection.
+//
+// The mqueue manager routes each answer it takes from a TX ring (or makes for a failed request)
+// through the ReplyTable to the ReplySink its slot is bound to: a TCP connection, a UDP
+// listener, a DPDK port's queue.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +22,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "caracal/server/tunables.hpp"
 
 namespace caracal::server {
 
@@ -57,7 +63,9 @@ struct Reply {
 };
 
 // Engine threads a server may run (EngineOptions::threads).
-inline constexpr uint32_t kMaxEngineThreads = 8;
+using tunables::kMaxEngineThreads;
+
+static_assert(tunables::kReplySlots <= kMaxReplySlots, "a reply slot must fit in the token");
 
 // A TCP connection, or a UDP listener for its requests. deliver() and end_burst() are called
 // from engine threads only, and must not block. `thread` names the engine thread that calls;

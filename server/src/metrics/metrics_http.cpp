@@ -17,7 +17,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include "caracal/server/metrics.hpp"
+#include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/tunables.hpp"
 
 namespace caracal::server {
 namespace {
@@ -27,9 +28,9 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = net::ip::tcp;
 
-constexpr size_t kMaxRequestBytes = 8192;  // header and body each; Prometheus sends ~300 bytes
-constexpr std::chrono::seconds kIdleTimeout{60};
-constexpr std::chrono::milliseconds kAcceptRetry{100};
+using tunables::kMetricsAcceptRetry;
+using tunables::kMetricsIdleTimeout;
+using tunables::kMetricsMaxRequestBytes;  // header and body each
 constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 
 }  // namespace
@@ -85,9 +86,9 @@ class MetricsServer::Session : public std::enable_shared_from_this<MetricsServer
  private:
   void read() {
     parser_.emplace();
-    parser_->header_limit(kMaxRequestBytes);
-    parser_->body_limit(kMaxRequestBytes);
-    stream_.expires_after(kIdleTimeout);
+    parser_->header_limit(kMetricsMaxRequestBytes);
+    parser_->body_limit(kMetricsMaxRequestBytes);
+    stream_.expires_after(kMetricsIdleTimeout);
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
@@ -97,7 +98,7 @@ class MetricsServer::Session : public std::enable_shared_from_this<MetricsServer
     if (ec == http::error::header_limit || ec == http::error::body_limit ||
         ec == http::error::buffer_overflow) {
       respond_error(http::status::payload_too_large, 11, false,
-                    "request over " + std::to_string(kMaxRequestBytes) + " bytes\n");
+                    "request over " + std::to_string(kMetricsMaxRequestBytes) + " bytes\n");
       return;
     }
     if (ec) {
@@ -147,7 +148,7 @@ class MetricsServer::Session : public std::enable_shared_from_this<MetricsServer
   }
 
   void write() {
-    stream_.expires_after(kIdleTimeout);
+    stream_.expires_after(kMetricsIdleTimeout);
     http::async_write(stream_, response_,
                       [self = shared_from_this()](beast::error_code ec, size_t) {
                         if (ec || !self->response_.keep_alive()) {
@@ -161,7 +162,7 @@ class MetricsServer::Session : public std::enable_shared_from_this<MetricsServer
   }
 
   beast::tcp_stream stream_;
-  beast::flat_buffer buffer_{kMaxRequestBytes * 2};
+  beast::flat_buffer buffer_{kMetricsMaxRequestBytes * 2};
   std::optional<http::request_parser<http::string_body>> parser_;
   http::response<http::string_body> response_;
   std::shared_ptr<State> state_;
@@ -176,7 +177,7 @@ void MetricsServer::State::accept() {
                             // Out of descriptors, for instance: keep serving once some are free.
                             SPDLOG_WARN("metrics: accept on port {} failed: {}; retrying",
                                         self->port.load(), ec.message());
-                            self->retry_timer.expires_after(kAcceptRetry);
+                            self->retry_timer.expires_after(kMetricsAcceptRetry);
                             self->retry_timer.async_wait([self](beast::error_code wait_ec) {
                               if (!wait_ec && self->acceptor.is_open()) self->accept();
                             });

@@ -1,16 +1,29 @@
 // What every listener kind shares (private to snic_server): its counters, its name in logs and
-// metrics, and the flow a UDP peer is hashed to.
+// metrics, the flow a UDP peer is hashed to, the address it listens on, and the factory of
+// each Asio kind (tcp.cpp, udp.cpp) that make_listener() calls.
 #pragma once
 
+#include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/udp.hpp>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "caracal/core/status.hpp"
 #include "caracal/server/config.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/service.hpp"
+#include "caracal/server/front/listeners.hpp"
+#include "caracal/server/metrics/drops.hpp"
+#include "caracal/server/metrics/metrics.hpp"
 
 namespace caracal::server {
+
+// A listener's host: an IP address, or localhost (taken as 127.0.0.1).
+Result<boost::asio::ip::address> parse_address(const config::HostPort& hp);
+
+// The Asio listener kinds. Throws std::invalid_argument for a configuration the kind cannot
+// serve (a TCP framing that does not make a codec).
+std::unique_ptr<Listener> make_tcp_listener(const ListenerConfig& config, const ListenerDeps& deps);
+std::unique_ptr<Listener> make_udp_listener(const ListenerConfig& config, const ListenerDeps& deps);
 
 // Counters of one listener.
 struct ListenerStats {

@@ -25,10 +25,10 @@ enum Stage : uint32_t {
   kReplyCopy,    // copy of the TX payload into it
   kRoute,        // ReplyTable::route
   kDeliver,      // ReplySink::deliver
-  kAnswerOther,  // the rest of Engine::answer (counters)
+  kAnswerOther,  // the rest of EngineThread::answer (counters)
   kTxRelease,    // release + publish of a TX ring's head
   kFlush,        // flush_replies (end_burst: sends, or posts to I/O threads)
-  kIdle,         // Engine::idle
+  kIdle,         // EngineThread::idle
   kStageCount
 };
 

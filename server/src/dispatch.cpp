@@ -1,9 +1,11 @@
-#include "caracal/server/service.hpp"
+#include "caracal/server/dispatch.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <utility>
+
+#include "caracal/server/tunables.hpp"
 
 namespace caracal::server {
 
@@ -116,8 +118,8 @@ DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flo
     if (host >= 0 && static_cast<size_t>(host) < t.by_thread.size()) {
       const auto self = static_cast<uint32_t>(host);
       const auto next_thread = static_cast<uint32_t>((self + 1) % t.by_thread.size());
-      const bool loaded = engine_.in_flight(self) >= kLocalInFlight ||
-                          engine_.in_flight(next_thread) >= kLocalInFlight;
+      const bool loaded = engine_.in_flight(self) >= tunables::kLocalInFlight ||
+                          engine_.in_flight(next_thread) >= tunables::kLocalInFlight;
       const uint32_t owner = loaded ? self : next_thread;
       if (!t.by_thread[owner].empty()) among = &t.by_thread[owner];
     }
@@ -245,38 +247,10 @@ void Service::on_room() {
     r();
 }
 
-void Service::count_answer(const Reply& reply, Clock::duration latency) {
+void Service::on_answer(Reply::Kind kind, Clock::duration latency) {
   replies_.inc();
-  if (reply.kind == Reply::Kind::kError) errors_.inc();
+  if (kind == Reply::Kind::kError) errors_.inc();
   latency_.observe(std::chrono::duration<double>(latency).count());
-}
-
-const char* drop_reason_name(DropReason reason) {
-  static constexpr const char* kNames[] = {
-      "connection_closed", "malformed",       "no_agent",      "oversize",
-      "partial_message",   "queue_full",      "reply_slots",   "reply_unframeable",
-      "request_failed",    "stale_reply",     "unknown_token", "send_buffer_full",
-      "send_failed",       "reply_too_large", "no_mbufs"};
-  static_assert(std::size(kNames) == static_cast<size_t>(DropReason::kCount));
-  return kNames[static_cast<size_t>(reason)];
-}
-
-DropCounters::DropCounters(Registry& registry, std::string name, std::string help, Labels labels)
-    : registry_(registry),
-      name_(std::move(name)),
-      help_(std::move(help)),
-      labels_(std::move(labels)) {}
-
-void DropCounters::inc(DropReason reason) {
-  std::atomic<Counter*>& slot = series_[static_cast<size_t>(reason)];
-  Counter* c = slot.load(std::memory_order_acquire);
-  if (c == nullptr) {
-    Labels l = labels_;
-    l.emplace_back("reason", drop_reason_name(reason));
-    c = &registry_.counter(name_, help_, l);
-    slot.store(c, std::memory_order_release);
-  }
-  c->inc();
 }
 
 }  // namespace caracal::server

@@ -1,4 +1,4 @@
-#include "caracal/server/dpdk_packet.hpp"
+#include "caracal/server/front/dpdk_packet.hpp"
 
 #include <rte_arp.h>
 #include <rte_byteorder.h>

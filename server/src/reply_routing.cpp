@@ -1,4 +1,4 @@
-#include "caracal/server/reply.hpp"
+#include "caracal/server/reply_routing.hpp"
 
 #include <algorithm>
 #include <stdexcept>

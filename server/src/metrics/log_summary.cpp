@@ -1,4 +1,4 @@
-#include "caracal/server/log_summary.hpp"
+#include "caracal/server/metrics/log_summary.hpp"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,10 @@
-// The network front: UDP and TCP listeners through Boost.Asio.
+// The network front: listeners take requests from clients, hand them to their service's
+// dispatch (dispatch.hpp), and send the replies that reply routing brings back to them
+// (reply_routing.hpp: each listener, or TCP connection, is a ReplySink). make_listener() makes
+// the kind a ListenerConfig asks for: tcp.cpp, udp.cpp, or the DPDK port's (dpdk_port.hpp).
 //
-// I/O threads: each runs its own io_context (IoPool), so that a socket's completions run on the
-// thread that waited for them, with no hand-off between threads per datagram.
+// I/O threads: each runs its own io_context (io_pool.hpp), so that a socket's completions run on
+// the thread that waited for them, with no hand-off between threads per datagram.
 //
 // UDP: one datagram is one message; the reply goes to the sender's address from the same
 // port. With several I/O threads the listener opens one socket per thread on the same port
@@ -21,18 +24,17 @@
 // replies, counters and drop reasons as the Asio UDP listener.
 #pragma once
 
-#include <atomic>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 
 #include "caracal/core/status.hpp"
 #include "caracal/server/config.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/reply.hpp"
+#include "caracal/server/io_pool.hpp"
+#include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/reply_routing.hpp"
 
 namespace caracal::server {
 
@@ -50,51 +52,6 @@ class Listener {
   virtual void close_all() = 0;
   virtual uint16_t port() const = 0;
   virtual const std::string& name() const = 0;
-};
-
-// The server's I/O contexts, one per I/O thread (the io_context-per-thread design). Context 0
-// also carries the control and metrics endpoints, the destinations' connections and the
-// listening sockets. Any thread may post to any context.
-class IoPool {
- public:
-  explicit IoPool(uint32_t threads) {
-    for (uint32_t i = 0; i < (threads == 0 ? 1 : threads); ++i) {
-      contexts_.push_back(std::make_unique<Context>());
-    }
-  }
-  // Handlers still queued when the pool goes (a listener's close, a burst of replies) may hold
-  // the last reference to a listener whose sockets belong to other contexts of the pool, and
-  // destroying it then touches those contexts' services. So every context is shut down first,
-  // which destroys the queued handlers while all the services still exist, and only then are
-  // the contexts destroyed (their own shutdown then finds nothing left to do).
-  ~IoPool() {
-    for (auto& c : contexts_)
-      c->shutdown();
-  }
-  IoPool(const IoPool&) = delete;
-  IoPool& operator=(const IoPool&) = delete;
-  size_t size() const { return contexts_.size(); }
-  boost::asio::io_context& main() { return *contexts_[0]; }
-  boost::asio::io_context& at(size_t i) { return *contexts_[i % contexts_.size()]; }
-  // The contexts in turn, for new connections. Any thread.
-  boost::asio::io_context& next() {
-    return at(next_.fetch_add(1, std::memory_order_relaxed));  // a counter: no ordering needed
-  }
-  void stop() {
-    for (auto& c : contexts_)
-      c->stop();
-  }
-
- private:
-  class Context : public boost::asio::io_context {
-   public:
-    // Concurrency hint 1: one thread runs each context (locking stays on, for the posts from
-    // the engine and from the other contexts).
-    Context() : boost::asio::io_context(1) {}
-    using boost::asio::execution_context::shutdown;
-  };
-  std::vector<std::unique_ptr<Context>> contexts_;
-  std::atomic<size_t> next_{0};
 };
 
 struct ListenerDeps {

@@ -1,5 +1,8 @@
-// One service: its listeners feed it requests, and its dispatcher spreads them over the server
-// queues of the agents that registered a region for it.
+// Dispatch: one Service per configured service. Its listeners feed it requests, and it chooses
+// the server queue of a registered region for each one and leaves the request in that queue's
+// inbox for the mqueue manager (mqueue_manager/engine.hpp). Membership (regions joining and
+// leaving dispatch) comes from the control endpoint; backpressure parks TCP connections while the
+// queues are congested.
 //
 // Policies (config `dispatch`):
 //  - round_robin: the next queue in turn;
@@ -26,51 +29,14 @@
 #include <vector>
 
 #include "caracal/server/config.hpp"
-#include "caracal/server/engine.hpp"
-#include "caracal/server/metrics.hpp"
-#include "caracal/server/reply.hpp"
+#include "caracal/server/metrics/drops.hpp"
+#include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/mqueue_manager/engine.hpp"
+#include "caracal/server/mqueue_manager/engine_events.hpp"
+#include "caracal/server/reply_routing.hpp"
 #include "caracal/server/thread_shard.hpp"
 
 namespace caracal::server {
-
-// Why a request or reply was dropped: the `reason` label of the drop counters.
-enum class DropReason : uint8_t {
-  kConnectionClosed,  // a reply whose connection (or UDP request) is gone
-  kMalformed,         // a TCP stream that cannot be framed
-  kNoAgent,           // no agent serves the service
-  kOversize,          // a datagram over max_message_bytes
-  kPartialMessage,    // a TCP client closed with half a message sent
-  kQueueFull,         // UDP: every queue congested
-  kReplySlots,        // every reply slot in use
-  kReplyUnframeable,  // a reply the listener's framing cannot carry
-  kRequestFailed,     // an error answer the listener cannot send (no error_reply)
-  kStaleReply,        // a reply for a request the connection no longer waits for
-  kUnknownToken,      // a handler answered with a token it was not given
-  kSendBufferFull,    // UDP send would block
-  kSendFailed,        // UDP send failed
-  kReplyTooLarge,     // DPDK: a reply longer than one frame of the port's MTU carries
-  kNoMbufs,           // DPDK: the mbuf pool was empty when a reply was to be sent
-  kCount,
-};
-const char* drop_reason_name(DropReason reason);
-
-// The drop counters of one listener or service: `name{labels..., reason}`. Each reason's series
-// is looked up in the registry the first time it is counted and kept, so counting a drop takes
-// no lock and allocates nothing (a UDP flood drops at line rate).
-class DropCounters {
- public:
-  DropCounters(Registry& registry, std::string name, std::string help, Labels labels);
-  void inc(DropReason reason);
-
- private:
-  Registry& registry_;
-  std::string name_;
-  std::string help_;
-  Labels labels_;
-  // Racing first counts both store the same series (the registry returns one object per
-  // name and labels), so a plain release/acquire publication is enough.
-  std::array<std::atomic<Counter*>, static_cast<size_t>(DropReason::kCount)> series_{};
-};
 
 enum class DispatchStatus : uint8_t {
   kQueued,     // in a queue's inbox; the reply will come through the token
@@ -79,12 +45,15 @@ enum class DispatchStatus : uint8_t {
   kNoAgent,    // not queued: no agent serves the service
 };
 
-class Service {
+// Also what the engine reports to about the service's requests (EngineEvents, called on engine
+// threads): answers and drops are counted, a region the engine dropped leaves dispatch, and room
+// in the rings resumes parked connections.
+class Service final : public EngineEvents {
  public:
   Service(const ServiceConfig& config, Engine& engine, Registry& metrics);
   ~Service();
 
-  const std::string& name() const { return config_.name; }
+  const std::string& name() const override { return config_.name; }
   const ServiceConfig& config() const { return config_; }
 
   // Sends a request to a queue chosen by the policy. `flow` identifies the connection or peer
@@ -102,19 +71,13 @@ class Service {
   // Backpressure: a TCP connection that stopped reading registers how to resume it; it is
   // resumed at once if no queue is congested any more, else when the engine next makes room.
   void park(std::function<void()> resume);
-  // Engine thread: entries left some inbox for a ring.
-  void on_room();
 
-  // Accounting (any thread).
-  void count_request() { requests_.inc(); }
-  void count_answer(const Reply& reply, std::chrono::steady_clock::duration latency);
-  void count_drop(DropReason reason) { drops_.inc(reason); }
-  // A reply taken from its TX line, ahead of the tail (mqueue/layout.hpp).
-  void count_line_reply() { line_replies_.inc(); }
-
-  // Requests in flight on an engine thread from which the I/O thread that hosts it, or the one
-  // before it, counts it as loaded (see Targets::by_thread).
-  static constexpr int64_t kLocalInFlight = 8;
+  // EngineEvents (engine threads).
+  void on_room() override;
+  void on_region_unusable(const AgentRegion& region) override { remove(&region); }
+  void on_answer(Reply::Kind kind, std::chrono::steady_clock::duration latency) override;
+  void on_line_reply() override { line_replies_.inc(); }
+  void on_unrouted(DropReason reason) override { drops_.inc(reason); }
 
  private:
   struct Target {
@@ -126,12 +89,12 @@ class Service {
     std::vector<Target> all;
     // The indexes into `all` of the queues engine thread i serves. With the engine in the I/O
     // threads (Engine::hosted_thread()), a request goes to a queue of the thread that read it
-    // once that thread, or the next one, has kLocalInFlight requests in flight or more, so that
-    // under load it reaches its ring without a hand-off between threads. Below that it goes to
-    // the next thread (thread i + 1, the last thread's is thread 0): a thread that polls takes
-    // it into its ring while the reading thread is still busy with its socket, which is
-    // quicker for a lone request. Only the next thread, not any: at low load the others then
-    // have nothing to do and sleep, instead of every I/O thread spinning for requests that
+    // once that thread, or the next one, has tunables::kLocalInFlight requests in flight or
+    // more, so that under load it reaches its ring without a hand-off between threads. Below
+    // that it goes to the next thread (thread i + 1, the last thread's is thread 0): a thread
+    // that polls takes it into its ring while the reading thread is still busy with its socket,
+    // which is quicker for a lone request. Only the next thread, not any: at low load the others
+    // then have nothing to do and sleep, instead of every I/O thread spinning for requests that
     // come one at a time.
     std::vector<std::vector<uint32_t>> by_thread;
   };

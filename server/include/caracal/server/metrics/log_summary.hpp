@@ -9,7 +9,8 @@
 // other. Lines below warn, and lines with no source location, always pass.
 //
 // The summary of a window is written by the next line from the same place after the window
-// ends, or by flush(), which spdlog::flush_every() calls from its own thread every second;
+// ends, or by flush(), which spdlog::flush_every() calls from its own thread every
+// tunables::kLogFlushPeriod;
 // summarise_now() writes every pending summary (at exit).
 #pragma once
 
@@ -24,15 +25,15 @@
 #include <string>
 #include <utility>
 
+#include "caracal/server/tunables.hpp"
+
 namespace caracal::server {
 
 class RepeatSummarySink : public spdlog::sinks::dist_sink<std::mutex> {
  public:
-  static constexpr uint32_t kDefaultBurst = 5;
-
   // At most `burst` lines from one place in each `window`; the rest are counted and summarised.
-  explicit RepeatSummarySink(uint32_t burst = kDefaultBurst,
-                             std::chrono::milliseconds window = std::chrono::seconds(1));
+  explicit RepeatSummarySink(uint32_t burst = tunables::kLogRepeatBurst,
+                             std::chrono::milliseconds window = tunables::kLogRepeatWindow);
 
   // Writes the summary of every place with suppressed lines, whatever its window.
   void summarise_now();

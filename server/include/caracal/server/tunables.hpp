@@ -1,0 +1,169 @@
+// Every constant of snic_server that a reader would tune, in one place, each with the reason for
+// its value (eRPC's habit). Where two depend on each other a static_assert ties them.
+//
+// Not here: what the configuration sets (config.hpp, with its defaults and limits), and protocol
+// facts, which stay with their protocol (the token's bit widths in reply_routing.hpp, frame and
+// datagram limits in framing and the listeners, the control protocol's frame limit).
+//
+// Figures that explain a value (latencies, rates) live in bench/results/EXPERIMENTS.md and the
+// README, not here: they go stale, the reasons do not.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace caracal::server::tunables {
+
+using namespace std::chrono_literals;
+
+// ---- mqueue manager: engine threads and their idle policy (mqueue_manager/idle_policy.hpp) ----
+
+// Engine threads a server may run. Every reply sink keeps one burst buffer per engine thread
+// (arrays of this size in each TCP connection and UDP socket), and with the engine in the I/O
+// threads (`engine_threads: 0`) each I/O thread hosts one, which caps io_threads at this many.
+inline constexpr uint32_t kMaxEngineThreads = 8;
+
+// Rounds without work an engine thread spins before it yields, then sleeps
+// (EngineOptions::spin_rounds). Long enough that a thread which just wrote requests catches
+// their replies while it still polls instead of after a wake-up; short enough that an idle
+// thread gives its core back soon (a round with nothing to do is tens of nanoseconds, so this is
+// on the order of a millisecond). While replies are outstanding the thread then yields for as
+// many rounds again before it naps.
+inline constexpr uint32_t kSpinRounds = 20000;
+
+// Spinning pays only on a core of the thread's own. Every kContendedLookRounds rounds without
+// work a thread compares its CPU clock with the wall clock; one that lost at least
+// kContendedLostMin, and 1/kContendedLostShare of the time, to other threads since it last
+// looked spins only kContendedSpinRounds for kContendedHold (EngineOptions::contended_*).
+// A look is a system call, a round without work far less: looking every 256 rounds keeps the
+// looks a small part of the spin.
+inline constexpr uint32_t kContendedLookRounds = 256;
+// A short preemption (a kernel worker, a client woken on the same core) loses less than this;
+// a time slice lost to another runnable thread loses more.
+inline constexpr std::chrono::microseconds kContendedLostMin = 500us;
+inline constexpr uint32_t kContendedLostShare = 8;
+// Enough rounds to take a reply that is already there, few enough that the core goes to the
+// thread being waited for (the agent's worker, a client) within microseconds.
+inline constexpr uint32_t kContendedSpinRounds = 64;
+// The number of runnable threads changes slowly; the long spin is tried again after this.
+inline constexpr std::chrono::milliseconds kContendedHold = 1000ms;
+
+// Longest nap while replies are outstanding (EngineOptions::max_poll_sleep): nothing wakes a
+// thread for an entry in a TX ring, so this is what an idle engine may add to a reply's latency.
+inline constexpr std::chrono::microseconds kMaxPollSleep = 50us;
+// Longest sleep with nothing in flight: requests and commands wake the thread, so the timeout
+// only paces the deadlines of draining regions and a stop it missed (an idle thread wakes
+// 1 s / kIdleSleep times a second, counted in caracal_engine_sleeps_total).
+inline constexpr std::chrono::milliseconds kIdleSleep = 5ms;
+
+// TX polling of an rdma region with nothing outstanding: every fetch of the TX tails is an RDMA
+// READ, so the gap between fetches doubles from Min to Max after each empty one. An idle region
+// costs at most one READ per kRdmaIdleFetchMax, and a call that a client queue makes waits at
+// most that long to be seen.
+inline constexpr std::chrono::microseconds kRdmaIdleFetchMin = 20us;
+inline constexpr std::chrono::microseconds kRdmaIdleFetchMax = 1000us;
+
+static_assert(kContendedSpinRounds < kSpinRounds, "the short spin must be shorter");
+static_assert(kContendedLookRounds <= kSpinRounds, "a thread must look during a long spin");
+static_assert(kContendedLostShare >= 2, "losing the core means losing a good part of the time");
+static_assert(kMaxPollSleep < kIdleSleep,
+              "a thread waiting for replies must poll more often than one with nothing to do");
+static_assert(kRdmaIdleFetchMin > 0us && kRdmaIdleFetchMin < kRdmaIdleFetchMax,
+              "the gap starts above zero (it doubles) and grows to the maximum");
+
+// ---- dispatch (dispatch.hpp) ----
+
+// With the engine in the I/O threads: requests in flight on an engine thread from which the I/O
+// thread that hosts it, or the one before it, counts it as loaded. Below it, a lone request goes
+// to the next thread's queues (that thread polls while the reader is still busy with its
+// socket); from it on, the reader keeps requests on its own queues, so under load none waits for
+// a hand-off between threads.
+inline constexpr int64_t kLocalInFlight = 8;
+
+// ---- network front (front/) ----
+
+// UDP: requests outstanding on a listener from which the engine hands reply bursts to the I/O
+// threads instead of sending them itself. Below it, sending from the engine thread saves the
+// wake-up of an I/O thread per reply; above it, the sends' network-stack work would make the
+// engine thread (which serves every socket) the serial stage.
+inline constexpr int64_t kUdpHandOffOutstanding = 16;
+// UDP: datagrams taken per recvmmsg() once a receive has completed, and calls per turn: a socket
+// that never runs dry gives its I/O thread back after kUdpReceiveBatch * kUdpDrainRounds
+// datagrams, so that the other handlers queued there get a turn.
+inline constexpr size_t kUdpReceiveBatch = 16;
+inline constexpr int kUdpDrainRounds = 8;
+// UDP: replies per sendmmsg().
+inline constexpr size_t kUdpSendBatch = 64;
+// sendmmsg() and recvmmsg() take at most UIO_MAXIOV (1024) messages per call.
+static_assert(kUdpReceiveBatch <= 1024 && kUdpSendBatch <= 1024);
+
+// TCP (listeners and destinations): a connection's read buffer holds its largest message, its
+// framing, and this much more, so that a stream of small messages is read in large reads.
+inline constexpr size_t kStreamReadSlack = 64 * 1024;
+
+// DPDK, with `idle_sleep_us` set: empty polls before a worker sleeps, and the timer slack it
+// asks for. Its sleeps are microseconds; the kernel's default slack (50 us) would stretch each.
+inline constexpr uint32_t kDpdkEmptyPollsBeforeSleep = 1000;
+inline constexpr std::chrono::nanoseconds kDpdkTimerSlack = 1000ns;
+
+// ---- reply routing (reply_routing.hpp) and the threads that share it ----
+
+// Requests of one server in flight at once: TCP connections hold one each, UDP requests one
+// until answered (ServerOptions::reply_slots). The token has room for 2^20 (kMaxReplySlots).
+inline constexpr uint32_t kReplySlots = 65536;
+// Cells that sharded counters and free lists keep, one cache line each (thread_shard.hpp): the
+// engine threads and as many I/O threads each have a cell of their own.
+inline constexpr uint32_t kThreadShards = 16;
+static_assert(kThreadShards >= 2 * kMaxEngineThreads,
+              "every engine thread and as many I/O threads have a shard of their own");
+
+// ---- shutdown (server.cpp) and agents (control_endpoint.cpp) ----
+
+// How long stop() waits for requests in flight before failing them (ServerOptions::drain).
+inline constexpr std::chrono::milliseconds kStopDrain = 3000ms;
+// After agents are dropped: how long connections get to write their last replies before every
+// one still open is closed.
+inline constexpr std::chrono::milliseconds kStopCloseWait = 500ms;
+// How often stop() looks whether those waits are over.
+inline constexpr std::chrono::milliseconds kStopPoll = 5ms;
+static_assert(kStopPoll < kStopCloseWait && kStopPoll < kStopDrain);
+
+// An agent's `bye`: how long the requests already in its rings get to be answered.
+inline constexpr std::chrono::milliseconds kByeDrain = 5000ms;
+// Heartbeat checks per agent_timeout_ms: an agent is found lost at most 1/4 of its timeout late.
+inline constexpr uint32_t kHeartbeatChecksPerTimeout = 4;
+// The first wait before reconnecting an rdma region whose transport failed; it doubles up to
+// control.rdma_reconnect_max_ms, which may not be set below it (config.cpp).
+inline constexpr std::chrono::milliseconds kRdmaReconnectFirst = 100ms;
+
+// ---- metrics and logs (metrics/) ----
+
+// /metrics: the largest request header and body (Prometheus sends a few hundred bytes), how long
+// an idle keep-alive connection stays open, and the wait before accepting again after an accept
+// failed (out of descriptors, say).
+inline constexpr size_t kMetricsMaxRequestBytes = 8192;
+inline constexpr std::chrono::seconds kMetricsIdleTimeout = 60s;
+inline constexpr std::chrono::milliseconds kMetricsAcceptRetry = 100ms;
+
+// Repeated warnings (log_summary.hpp): the lines let through from one place in each window; the
+// rest are counted into one summary line. The log is flushed (and a pending summary written)
+// every kLogFlushPeriod, so that a summary never waits long for a next line from its place.
+inline constexpr uint32_t kLogRepeatBurst = 5;
+inline constexpr std::chrono::milliseconds kLogRepeatWindow = 1000ms;
+inline constexpr std::chrono::seconds kLogFlushPeriod = 1s;  // spdlog::flush_every() takes seconds
+static_assert(kLogFlushPeriod <= kLogRepeatWindow, "a summary is written within one window");
+
+// ---- memory (main.cpp) ----
+
+// Every request and reply is a heap buffer that one thread allocates and another frees. glibc
+// gives memory back to the kernel when more than M_TRIM_THRESHOLD is free at the top of an arena,
+// and the next allocations fault the pages in again; buffers above M_MMAP_THRESHOLD get mappings
+// of their own, with the same cost. The server keeps this much free per arena, and buffers below
+// the threshold off mmap.
+inline constexpr int kMallocTrimThreshold = 64 << 20;
+inline constexpr int kMallocMmapThreshold = 1 << 20;
+// glibc ignores an M_MMAP_THRESHOLD above 32 MiB (HEAP_MAX_SIZE / 2 on 64-bit).
+static_assert(kMallocMmapThreshold <= 32 << 20 && kMallocMmapThreshold < kMallocTrimThreshold);
+
+}  // namespace caracal::server::tunables

@@ -1,0 +1,385 @@
+#include "engine_thread.hpp"
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <optional>
+#include <utility>
+
+#include "caracal/server/metrics/metrics.hpp"
+#include "caracal/server/tunables.hpp"
+#include "profile.hpp"
+
+namespace caracal::server {
+
+namespace prof = engine_profile;
+
+EngineThread::EngineThread(Engine& engine, uint32_t index)
+    : engine_(engine), index_(index), idle_policy_(engine.options_) {}
+
+void EngineThread::start() {
+  if (thread_.joinable()) return;
+  {
+    std::lock_guard lock(commands_m_);
+    exited_ = false;
+  }
+  stopping_.store(false);
+  started_ = true;
+  if (host_ != nullptr) return;  // the host's thread runs the rounds (run_hosted())
+  thread_ = std::thread([this] {
+    // Thread 0 keeps the name it had before there were several; names stay within 15 bytes.
+    const std::string name =
+        index_ == 0 ? std::string("caracal-engine") : "caracal-engine" + std::to_string(index_);
+    pthread_setname_np(pthread_self(), name.c_str());
+    prof::thread_begin();
+    run();
+    prof::thread_end();
+  });
+}
+
+void EngineThread::request_stop() {
+  if (!started_) return;
+  // Once is enough: a second stop (the engine's destructor after Engine::stop) wakes nobody,
+  // and must not post to a host that may be gone by then.
+  if (stopping_.exchange(true)) return;
+  notify_always();
+}
+
+void EngineThread::join() {
+  if (thread_.joinable()) thread_.join();
+  std::unique_lock lock(commands_m_);
+  // Hosted: the host's loop finishes its rounds (it saw stopping_ or will at its next round).
+  // A host that has not entered run_hosted() yet finds exited_ set when it does, and runs no
+  // round at all.
+  hosted_done_.wait(lock, [this] { return !hosted_running_; });
+  started_ = false;
+  // The thread has failed what it served; nothing runs its commands from now on. The reply
+  // state apply_without_thread() uses (to_flush_, the sinks' element index_) is this thread's,
+  // and with the thread gone only apply_without_thread() touches it, always under commands_m_.
+  exited_ = true;
+  for (Command& c : commands_)
+    apply_without_thread(c);
+  commands_.clear();
+}
+
+void EngineThread::post(Command c) {
+  {
+    std::lock_guard lock(commands_m_);
+    if (exited_) {
+      apply_without_thread(c);
+      return;
+    }
+    commands_.push_back(std::move(c));
+  }
+  notify_always();
+}
+
+void EngineThread::apply_without_thread(Command& c) {
+  switch (c.kind) {
+    case Command::Kind::kAttach: {
+      Attached a{std::move(c.region), std::move(c.queues), false, {}, {}};
+      fail_region(a, "server shutting down");
+      flush_replies();
+      break;
+    }
+    case Command::Kind::kDetach:
+      if (c.done) c.done();
+      break;
+    case Command::Kind::kFail:
+      break;
+  }
+}
+
+void EngineThread::notify() {
+  // Pairs with sleep_until_woken(): see the comment on submitted_/sleeping_.
+  submitted_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_seq_cst)) wake();
+}
+
+void EngineThread::notify_always() {
+  submitted_.fetch_add(1, std::memory_order_seq_cst);
+  wake();
+}
+
+void EngineThread::wake() {
+  if (host_ != nullptr) {
+    // An empty handler: the host's run_one_for() in idle() or sleep_until_woken() returns once
+    // it ran. A post that
+    // comes before the host waits is run by that wait at once, so no wake-up is lost.
+    boost::asio::post(*host_, [] {});
+    return;
+  }
+  std::lock_guard lock(sleep_m_);
+  sleep_cv_.notify_one();
+}
+
+void EngineThread::answer(EngineEvents* events, uint64_t token, Reply reply,
+                          Clock::time_point submitted) {
+  CARACAL_ASSERT_OWNER_THREAD(owner_);
+  std::optional<prof::Scope> stage(std::in_place, prof::kAnswerOther);
+  in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  if (events != nullptr) events->on_answer(reply.kind, Clock::now() - submitted);
+  stage.emplace(prof::kRoute);
+  std::optional<ReplyTable::Route> route = engine_.replies_.route(token);
+  stage.emplace(prof::kDeliver);
+  if (!route) {
+    // The connection closed (or the UDP request was already failed): nobody to answer.
+    if (events != nullptr) events->on_unrouted(DropReason::kConnectionClosed);
+    return;
+  }
+  route->sink->deliver(index_, token, route->peer, std::move(reply));
+  if (!route->sink->awaiting_end_burst[index_]) {
+    route->sink->awaiting_end_burst[index_] = true;
+    to_flush_.push_back(std::move(route->sink));
+  }
+}
+
+void EngineThread::flush_replies() {
+  CARACAL_ASSERT_OWNER_THREAD(owner_);
+  if (to_flush_.empty()) return;
+  prof::Scope t(prof::kFlush);
+  for (const std::shared_ptr<ReplySink>& sink : to_flush_) {
+    sink->awaiting_end_burst[index_] = false;
+    sink->end_burst(index_);
+  }
+  to_flush_.clear();
+}
+
+bool EngineThread::apply_commands() {
+  CARACAL_ASSERT_OWNER_THREAD(owner_);
+  std::vector<Command> commands;
+  {
+    std::lock_guard lock(commands_m_);
+    if (commands_.empty()) return false;
+    commands.swap(commands_);
+  }
+  for (Command& c : commands) {
+    auto it = std::find_if(regions_.begin(), regions_.end(),
+                           [&](const Attached& a) { return a.region == c.region; });
+    switch (c.kind) {
+      case Command::Kind::kAttach:
+        if (it == regions_.end()) {
+          regions_.push_back(Attached{std::move(c.region), std::move(c.queues), false, {}, {}});
+        }
+        break;
+      case Command::Kind::kDetach:
+        if (it == regions_.end()) {
+          if (c.done) c.done();
+          break;
+        }
+        for (const uint32_t q : it->queues) {
+          if (q >= it->region->server_queues()) continue;
+          // Requests still waiting in the inbox were never written: fail them now (the
+          // region has left dispatch, so nothing new arrives).
+          for (Message& m : it->region->inbox(q).close()) {
+            it->region->inbox(q).outstanding.fetch_sub(1, std::memory_order_relaxed);
+            answer(it->region->events(), m.token, Reply{Reply::Kind::kError, "agent detached"},
+                   m.submitted);
+          }
+        }
+        it->draining = true;
+        it->drain_deadline = Clock::now() + c.drain;
+        it->done = std::move(c.done);
+        break;
+      case Command::Kind::kFail:
+        if (it != regions_.end()) {
+          fail_region(*it, c.reason);
+          regions_.erase(it);
+        }
+        break;
+    }
+  }
+  return true;
+}
+
+void EngineThread::fail_region(Attached& a, const std::string& reason) {
+  CARACAL_ASSERT_OWNER_THREAD(owner_);
+  AgentRegion& r = *a.region;
+  std::vector<std::pair<uint64_t, Clock::time_point>> lost;
+  for (const uint32_t q : a.queues) {
+    for (Message& m : r.inbox(q).close()) {
+      if (q < r.server_queues()) lost.emplace_back(m.token, m.submitted);
+    }
+  }
+  r.binding().take_in_flight(a.queues, lost);
+  for (const uint32_t q : a.queues) {
+    if (q < r.server_queues()) r.inbox(q).outstanding.store(0, std::memory_order_relaxed);
+  }
+  if (!lost.empty()) {
+    SPDLOG_WARN("{}: {} request(s) in flight failed: {}", r.label(), lost.size(), reason);
+  }
+  for (auto& [token, submitted] : lost) {
+    answer(r.events(), token, Reply{Reply::Kind::kError, reason}, submitted);
+  }
+  if (a.done) {
+    a.done();
+    a.done = nullptr;
+  }
+}
+
+EngineThread::RoundOutcome EngineThread::round() {
+  CARACAL_ASSERT_OWNER_THREAD(owner_);
+  prof::Scope round(prof::kRound);
+  round_seen_ = submitted_.load(std::memory_order_seq_cst);
+  bool busy = apply_commands();
+  flush_replies();
+  if (stopping_.load(std::memory_order_relaxed)) return RoundOutcome::kStopping;
+  for (size_t i = 0; i < regions_.size();) {
+    Attached& a = regions_[i];
+    std::string fault;
+    {
+      prof::Scope t(prof::kServe);
+      busy |= a.region->binding().serve(*this, *a.region, a.queues, fault);
+    }
+    flush_replies();  // this region's replies go out before the next region is polled
+    if (!fault.empty()) {
+      SPDLOG_ERROR("{}: {}; the region is dropped", a.region->label(), fault);
+      if (a.region->events() != nullptr) a.region->events()->on_region_unusable(*a.region);
+      fail_region(a, "agent fault: " + fault);
+      std::shared_ptr<AgentRegion> dropped = std::move(a.region);
+      regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
+      flush_replies();
+      // The threads that serve the region's other queues drop it as well.
+      engine_.fail_elsewhere(dropped, "agent fault: " + fault, index_);
+      dropped->notify_fault(fault);
+      continue;
+    }
+    if (a.draining &&
+        (a.region->binding().in_flight(a.queues) == 0 || Clock::now() >= a.drain_deadline)) {
+      fail_region(a, "agent detached");
+      flush_replies();
+      regions_.erase(regions_.begin() + static_cast<ptrdiff_t>(i));
+      continue;
+    }
+    ++i;
+  }
+  return busy ? RoundOutcome::kBusy : RoundOutcome::kIdle;
+}
+
+void EngineThread::finish() {
+  CARACAL_ASSERT_OWNER_THREAD(owner_);
+  for (Attached& a : regions_)
+    fail_region(a, "server shutting down");
+  flush_replies();
+  regions_.clear();
+}
+
+void EngineThread::run() {
+  owner_.enter();
+  uint32_t idle_rounds = 0;
+  for (RoundOutcome r; (r = round()) != RoundOutcome::kStopping;) {
+    if (r == RoundOutcome::kBusy) {
+      idle_rounds = 0;
+    } else {
+      prof::Scope t(prof::kIdle);
+      idle(++idle_rounds);
+    }
+  }
+  finish();
+  owner_.leave();
+}
+
+void EngineThread::run_hosted() {
+  boost::asio::io_context& io = *host_;
+  bool run_rounds = false;
+  {
+    std::lock_guard lock(commands_m_);
+    // Not after join(): a server that stops before its I/O threads got here runs no round.
+    run_rounds = !exited_;
+    hosted_running_ = run_rounds;
+  }
+  if (run_rounds) {
+    owner_.enter();
+    Engine::hosted_index_ = static_cast<int>(index_);
+    prof::thread_begin();
+    uint32_t idle_rounds = 0;
+    for (;;) {
+      // The host's ready handlers (received requests, replies to write), without waiting.
+      const size_t handled = io.poll();
+      if (io.stopped()) break;
+      const RoundOutcome r = round();
+      if (r == RoundOutcome::kStopping) break;
+      if (r == RoundOutcome::kBusy || handled > 0) {
+        idle_rounds = 0;
+      } else {
+        prof::Scope t(prof::kIdle);
+        // A handler that ended the wait (a socket's request, a wake-up) was work like one that
+        // io.poll() ran: the thread spins again before its next sleep. Otherwise a thread that
+        // only reads (its requests go to another thread's queues) would, once asleep, sleep
+        // again after every request, and each would wait for that thread to be woken.
+        if (idle(++idle_rounds)) idle_rounds = 0;
+      }
+    }
+    finish();
+    prof::thread_end();
+    Engine::hosted_index_ = -1;  // dispatch no longer favours this thread's queues
+    owner_.leave();
+    {
+      std::lock_guard lock(commands_m_);
+      hosted_running_ = false;
+    }
+    hosted_done_.notify_all();
+  }
+  // The engine is done; the host goes on serving its sockets (replies of the drain, closing
+  // connections) until the server stops it.
+  if (!io.stopped()) io.run();
+}
+
+bool EngineThread::idle(uint32_t idle_rounds) {
+  CARACAL_ASSERT_OWNER_THREAD(owner_);
+  const EngineOptions& o = engine_.options_;
+  switch (idle_policy_.next_step(idle_rounds, in_flight_)) {
+    case IdlePolicy::Step::kSpin:
+      return false;
+    case IdlePolicy::Step::kYield:
+      std::this_thread::yield();
+      return false;
+    case IdlePolicy::Step::kNap:
+      if (o.sleeps != nullptr) o.sleeps->inc();
+      if (host_ != nullptr) {
+        return host_->run_one_for(o.max_poll_sleep) > 0;  // a handler of the host's ends the wait
+      }
+      std::this_thread::sleep_for(o.max_poll_sleep);
+      return false;
+    case IdlePolicy::Step::kSleep:
+      return sleep_until_woken();
+  }
+  return false;
+}
+
+bool EngineThread::sleep_until_woken() {
+  const EngineOptions& o = engine_.options_;
+  if (host_ != nullptr) {
+    // Hosted: the host's own wait is the sleep, and a wake() is a post that ends it. The same
+    // handshake as below, without the mutex: the post cannot be lost (see wake()).
+    sleeping_.store(true, std::memory_order_seq_cst);
+    size_t ran = 0;
+    if (submitted_.load(std::memory_order_seq_cst) == round_seen_ &&
+        in_flight_.load(std::memory_order_seq_cst) <= 0 &&
+        !stopping_.load(std::memory_order_relaxed)) {
+      if (o.sleeps != nullptr) o.sleeps->inc();
+      ran = host_->run_one_for(tunables::kIdleSleep);
+    }
+    sleeping_.store(false, std::memory_order_seq_cst);
+    return ran > 0;
+  }
+  // Nothing in flight: sleep until a submission or a command, with a timeout for heartbeats of
+  // draining regions.
+  // Anything notified since this round began (round_seen_) is not served yet, and a request
+  // dispatched since the check above is in flight: no sleep then (see note_dispatched()).
+  std::unique_lock lock(sleep_m_);
+  sleeping_.store(true, std::memory_order_seq_cst);
+  if (submitted_.load(std::memory_order_seq_cst) == round_seen_ &&
+      in_flight_.load(std::memory_order_seq_cst) <= 0 &&
+      !stopping_.load(std::memory_order_relaxed)) {
+    if (o.sleeps != nullptr) o.sleeps->inc();
+    sleep_cv_.wait_for(lock, tunables::kIdleSleep);
+  }
+  sleeping_.store(false, std::memory_order_seq_cst);
+  return false;
+}
+
+}  // namespace caracal::server

@@ -192,10 +192,10 @@ TEST_F(ShmRegionTest, RxCreditsComeBackWhenTheAcceleratorPublishesItsHead) {
     ASSERT_TRUE(pop_message(consumer).has_value());
   }
   consumer.release();
-  rx.poll_credits();
+  rx.refresh_credits();
   EXPECT_EQ(rx.credits(), 0u);
   consumer.publish();
-  rx.poll_credits();
+  rx.refresh_credits();
   EXPECT_EQ(rx.credits(), pushed / 2);
   EXPECT_EQ(rx.outstanding_slots(), pushed / 2);
 

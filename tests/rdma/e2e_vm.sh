@@ -10,7 +10,7 @@ export PATH=/opt/test:$PATH
 # Scripts that rewire the network (link_fault.sh) run only where this is set.
 export CARACAL_E2E_VM=1
 B=/tmp/caracal-build
-mkdir -p "$B/snic_server" "$B/examples/echo" "$B/tests/e2e"
+mkdir -p "$B/server" "$B/examples/echo" "$B/tests/e2e"
 ln -sf /opt/test/snic_server "$B/server/snic_server"
 ln -sf /opt/test/caracal_echo_agent "$B/examples/echo/caracal_echo_agent"
 ln -sf /opt/test/caracal_pipeline_client "$B/tests/e2e/caracal_pipeline_client"

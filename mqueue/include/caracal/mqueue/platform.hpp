@@ -12,10 +12,17 @@
 #include <cuda/atomic>
 #define CARACAL_HOST_DEVICE __host__ __device__
 #define CARACAL_INLINE __host__ __device__ __forceinline__
+// CARACAL_INLINE for members of a template over an access policy (ring.hpp), which is
+// instantiated with a policy that runs on the device (local memory) and with host-only ones
+// (a Transport). The host-only instantiations never run on the device; without the pragma nvcc
+// warns about each of their calls into the transport (libcu++ does the same for its own
+// templates, _CCCL_EXEC_CHECK_DISABLE).
+#define CARACAL_POLICY_INLINE _Pragma("nv_exec_check_disable") __host__ __device__ __forceinline__
 #else
 #include <atomic>
 #define CARACAL_HOST_DEVICE
 #define CARACAL_INLINE inline
+#define CARACAL_POLICY_INLINE inline
 #endif
 
 namespace caracal::mqueue {

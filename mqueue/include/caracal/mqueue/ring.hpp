@@ -191,15 +191,10 @@ CARACAL_INLINE void store_slot_header(std::byte* slot, const SlotHeader& h) {
 #endif
 }
 CARACAL_INLINE SlotHeader load_slot_header(const std::byte* slot) {
-#if defined(__CUDA_ARCH__)
-  // Field by field through the aligned header: word loads, not a byte-wise copy.
+  // Field by field through the aligned header: each field is loaded as it is needed, where a
+  // copy of the whole header would go through the stack (host) or byte by byte (GPU).
   const SlotHeader& h = *reinterpret_cast<const SlotHeader*>(slot);
   return SlotHeader{h.length, h.flags, h.slots, h.token};
-#else
-  SlotHeader h;
-  std::memcpy(&h, slot, sizeof(h));
-  return h;
-#endif
 }
 
 // Which entries a producer announces in lines (layout.hpp), and so how it stores them.
@@ -305,10 +300,14 @@ class BasicRingProducer {
   CARACAL_POLICY_INLINE bool commit(uint32_t length, uint64_t token, uint16_t flags = 0) {
     const uint32_t slots = slots_for(length, geometry_.slot_bytes);
     if (reserved_slots_ == 0 || slots > reserved_slots_) return false;
-    committed_ = SlotHeader{length, flags, static_cast<uint16_t>(slots), token};
+    // The header goes to the slot from registers: read back from committed_ just after it is
+    // stored, it would wait for the store (a 16-byte load over two 8-byte stores is not
+    // forwarded on x86).
+    const SlotHeader h{length, flags, static_cast<uint16_t>(slots), token};
+    committed_ = h;
     committed_position_ = reserved_position_;
     committed_line_ = entries_;
-    write_entry(reserved_position_, committed_);
+    write_entry(reserved_position_, h);
     tail_ += slots;
     reserved_slots_ = 0;
     return true;

@@ -53,17 +53,24 @@ class ServerLink : public std::enable_shared_from_this<ServerLink> {
           if (self->conn_->closed()) return;
           if (ec) return self->fail(ec.message());
           self->connected_ = true;
+          // Weak: the runtime owns the link while it serves, and the connection's callbacks
+          // must not keep it (and so themselves) alive after that.
+          std::weak_ptr<ServerLink> weak = self;
           self->conn_->start({
               .on_message =
-                  [self](control::Message&& m) {
-                    self->inbox_.push_back(std::move(m));
+                  [weak](control::Message&& m) {
+                    auto link = weak.lock();
+                    if (!link) return false;
+                    link->inbox_.push_back(std::move(m));
                     return true;
                   },
               .on_end =
-                  [self](control::Connection::Ending ending, const std::string& why) {
-                    self->fail(ending == control::Connection::Ending::kClosed
+                  [weak](control::Connection::Ending ending, const std::string& why) {
+                    auto link = weak.lock();
+                    if (!link) return;
+                    link->fail(ending == control::Connection::Ending::kClosed
                                    ? "the server closed the connection"
-                                   : self->peer_ + ": " + why);
+                                   : link->peer_ + ": " + why);
                   },
           });
         });

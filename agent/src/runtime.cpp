@@ -15,10 +15,10 @@
 #include <variant>
 #include <vector>
 
-#include "caracal/control/connection.hpp"
-#include "caracal/core/service_manager.hpp"
-#include "caracal/control/protocol.hpp"
 #include "caracal/agent/shm_region.hpp"
+#include "caracal/control/connection.hpp"
+#include "caracal/control/protocol.hpp"
+#include "caracal/core/service_manager.hpp"
 #include "caracal/mqueue/validate.hpp"
 #ifdef CARACAL_HAVE_RDMA
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -576,9 +576,8 @@ Outcome AgentRuntime::Impl::serve(ServerLink& conn) {
         if (next_service == config.services.size()) {
           registrations.fetch_add(1, std::memory_order_relaxed);
           spdlog::info("serving {} service(s) on {}", config.services.size(), accelerator.str());
-          notify_status(fmt::format("serving {} service(s) on {} for {}",
-                                    config.services.size(), accelerator.str(),
-                                    config.server.str()));
+          notify_status(fmt::format("serving {} service(s) on {} for {}", config.services.size(),
+                                    accelerator.str(), config.server.str()));
         }
         continue;
       }

@@ -25,10 +25,16 @@ void notify_ready(std::string_view status) {
   notify("READY=1\nSTATUS=" + std::string(status));
 }
 
-void notify_status(std::string_view status) { notify("STATUS=" + std::string(status)); }
+void notify_status(std::string_view status) {
+  notify("STATUS=" + std::string(status));
+}
 
-void notify_reloading() { notify("RELOADING=1"); }
+void notify_reloading() {
+  notify("RELOADING=1");
+}
 
-void notify_stopping() { notify("STOPPING=1"); }
+void notify_stopping() {
+  notify("STOPPING=1");
+}
 
 }  // namespace caracal

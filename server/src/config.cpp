@@ -34,8 +34,8 @@ ControlConfig parse_control(const Field& f) {
   c.secret = control::read_secret(f);
   if (c.secret == control::kExampleSecret && !is_loopback(c.listen.host)) {
     f.required(f.optional("secret") ? "secret" : "secret_file")
-        .fail("the example secret on a control endpoint that is not loopback (" +
-              c.listen.str() + "): anyone who has read the examples could register an agent; " +
+        .fail("the example secret on a control endpoint that is not loopback (" + c.listen.str() +
+              "): anyone who has read the examples could register an agent; " +
               "give your own, in a secret_file");
   }
   if (auto v = f.optional("heartbeat_interval_ms")) {

@@ -74,8 +74,7 @@ void reload(const std::string& path, const std::string& level_override,
                spdlog::level::to_string_view(spdlog::get_level()),
                level_override.empty() ? "" : " (set by --log-level)");
   if (settings != started_with) {
-    SPDLOG_WARN("SIGHUP: {} has changes other than log_level; they take effect at a restart",
-                path);
+    SPDLOG_WARN("SIGHUP: {} has changes other than log_level; they take effect at a restart", path);
   }
 }
 

@@ -173,7 +173,6 @@ TEST(ControlProtocol, SecretsEqual) {
   EXPECT_FALSE(secrets_equal(std::string_view("a\0b", 3), std::string_view("a\0c", 3)));
 }
 
-
 // read_secret on a secret file with mode `mode` ("" when it is accepted, else the error).
 std::string secret_file_error(mode_t mode) {
   char path[] = "/tmp/caracal-secret-XXXXXX";

@@ -122,8 +122,8 @@ TEST(ServerConfig, TheExampleSecretOnlyOnLoopback) {
     const std::string secret = "secret: 0123456789abcdef0123";
     return text.replace(text.find(secret), secret.size(), "secret: change-me-0123456789");
   };
-  for (const char* loopback : {"127.0.0.1:7100", "127.0.0.2:7100", "\"[::1]:7100\"",
-                               "localhost:7100"}) {
+  for (const char* loopback :
+       {"127.0.0.1:7100", "127.0.0.2:7100", "\"[::1]:7100\"", "localhost:7100"}) {
     EXPECT_EQ(error_of(example_on(loopback)), "") << loopback;
   }
   const std::string e = error_of(example_on("0.0.0.0:7100"));

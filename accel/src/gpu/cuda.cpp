@@ -99,10 +99,18 @@ Result<DeviceInfo> describe_device(int device) {
 // --- owned memory and streams ---------------------------------------------------------------
 
 namespace detail {
-void FreeDevice::operator()(const DeviceAllocation& a) const { cudaFree(a.data); }
-void FreeHost::operator()(const HostMapping& m) const { cudaFreeHost(m.host); }
-void UnregisterHost::operator()(const HostMapping& m) const { cudaHostUnregister(m.host); }
-void DestroyStream::operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+void FreeDevice::operator()(const DeviceAllocation& a) const {
+  cudaFree(a.data);
+}
+void FreeHost::operator()(const HostMapping& m) const {
+  cudaFreeHost(m.host);
+}
+void UnregisterHost::operator()(const HostMapping& m) const {
+  cudaHostUnregister(m.host);
+}
+void DestroyStream::operator()(cudaStream_t s) const {
+  cudaStreamDestroy(s);
+}
 }  // namespace detail
 
 Result<DeviceBuffer> DeviceBuffer::allocate(uint64_t bytes, const std::string& what) {

@@ -28,9 +28,9 @@
 
 #include "caracal/accel/client.hpp"
 #include "caracal/accel/handler.hpp"
+#include "caracal/core/status.hpp"
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/ring.hpp"
-#include "caracal/core/status.hpp"
 
 namespace caracal::accel {
 

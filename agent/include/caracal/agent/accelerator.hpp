@@ -19,9 +19,9 @@
 #include "caracal/accel/gpu/options.hpp"
 #include "caracal/accel/handler.hpp"
 #include "caracal/agent/config.hpp"
+#include "caracal/core/status.hpp"
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/mqueue/region.hpp"
-#include "caracal/core/status.hpp"
 
 namespace caracal::agent {
 

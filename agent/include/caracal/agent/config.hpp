@@ -44,8 +44,8 @@
 #include "caracal/accel/cpu.hpp"
 #include "caracal/accel/gpu/options.hpp"
 #include "caracal/config/yaml.hpp"
-#include "caracal/mqueue/layout.hpp"
 #include "caracal/core/status.hpp"
+#include "caracal/mqueue/layout.hpp"
 
 namespace caracal::agent {
 

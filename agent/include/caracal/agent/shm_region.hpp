@@ -10,10 +10,10 @@
 #include <string>
 #include <string_view>
 
+#include "caracal/core/status.hpp"
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/core/status.hpp"
 
 namespace caracal::agent {
 

@@ -9,8 +9,8 @@
 //               owner may answer (a Refused) before close_after_sending().
 // Completion handlers hold a shared_ptr, so the object outlives its last pending operation
 // after close(), and no callback runs once close() has returned. The callbacks may hold their
-// owner: close() drops them (after the callback that called it has returned). Every member is called on the
-// one thread (or strand) that runs the socket's executor.
+// owner: close() drops them (after the callback that called it has returned). Every member is
+// called on the one thread (or strand) that runs the socket's executor.
 #pragma once
 
 #include <array>

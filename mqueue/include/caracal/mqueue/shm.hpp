@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <string>
 
+#include "caracal/core/status.hpp"
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/mqueue/platform.hpp"
-#include "caracal/core/status.hpp"
 #include "caracal/mqueue/transport.hpp"
 
 namespace caracal::mqueue {

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "caracal/mqueue/layout.hpp"
 #include "caracal/core/status.hpp"
+#include "caracal/mqueue/layout.hpp"
 
 namespace caracal::mqueue {
 

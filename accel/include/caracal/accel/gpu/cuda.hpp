@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "caracal/mqueue/layout.hpp"
 #include "caracal/core/status.hpp"
+#include "caracal/mqueue/layout.hpp"
 
 namespace caracal::accel::gpu {
 

@@ -11,8 +11,8 @@
 #include "caracal/accel/gpu/cuda.hpp"
 #include "caracal/accel/gpu/options.hpp"
 #include "caracal/accel/handler.hpp"
-#include "caracal/mqueue/layout.hpp"
 #include "caracal/core/status.hpp"
+#include "caracal/mqueue/layout.hpp"
 
 namespace caracal::accel::gpu {
 

@@ -40,6 +40,51 @@ foreach(component server agent dev)
           DESTINATION ${CMAKE_INSTALL_DOCDIR}/../caracal-${component} COMPONENT ${component})
 endforeach()
 
+# Manual pages, made by help2man from each program's --help and --version and a page of
+# sections of its own (deploy/man/*.h2m: signals, files, environment). A cross-build runs the
+# program under its emulator (CMAKE_CROSSCOMPILING_EMULATOR) through a wrapper of the program's
+# name. Without help2man (or, cross-building, without an emulator) the packages have none.
+find_program(CARACAL_HELP2MAN help2man)
+set(_man_ok FALSE)
+if(CARACAL_HELP2MAN AND (NOT CMAKE_CROSSCOMPILING OR CMAKE_CROSSCOMPILING_EMULATOR))
+  set(_man_ok TRUE)
+endif()
+function(_caracal_man_page target component include name)
+  if(NOT _man_ok OR NOT TARGET ${target})
+    return()
+  endif()
+  set(dir ${PROJECT_BINARY_DIR}/man)
+  set(page ${dir}/${target}.1)
+  set(run $<TARGET_FILE:${target}>)
+  if(CMAKE_CROSSCOMPILING)
+    set(run ${dir}/run/${target})
+    file(MAKE_DIRECTORY ${dir}/run)
+    file(GENERATE OUTPUT ${run}
+         CONTENT "#!/bin/sh\nexec ${CMAKE_CROSSCOMPILING_EMULATOR} $<TARGET_FILE:${target}> \"$@\"\n"
+         FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE
+                          WORLD_READ WORLD_EXECUTE)
+  endif()
+  add_custom_command(
+    OUTPUT ${page}.gz
+    COMMAND ${CARACAL_HELP2MAN} --no-info --no-discard-stderr --section 1
+            --name ${name} --source "Caracal ${PROJECT_VERSION}" --manual "Caracal"
+            --include ${include} --output ${page} ${run}
+    COMMAND gzip -9n -f ${page}
+    DEPENDS ${target} ${include}
+    COMMENT "Manual page of ${target}"
+    VERBATIM)
+  add_custom_target(${target}_man ALL DEPENDS ${page}.gz)
+  install(FILES ${page}.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT ${component})
+endfunction()
+_caracal_man_page(snic_server server ${PROJECT_SOURCE_DIR}/deploy/man/snic_server.h2m
+                  "Caracal's network server: serves TCP and UDP clients with handlers on accelerators")
+_caracal_man_page(caracal_echo_agent agent ${PROJECT_SOURCE_DIR}/deploy/man/caracal_agent.h2m
+                  "Caracal agent serving the echo handler")
+_caracal_man_page(caracal_kv_agent agent ${PROJECT_SOURCE_DIR}/deploy/man/caracal_agent.h2m
+                  "Caracal agent serving key lookups in memcached")
+_caracal_man_page(caracal_matvec_agent agent ${PROJECT_SOURCE_DIR}/deploy/man/caracal_agent.h2m
+                  "Caracal agent serving a matrix-vector product")
+
 # The maintainer scripts: one text for both packages that run as the caracal user, with what
 # differs (the units they manage) filled in.
 function(_caracal_deb_scripts component other postinst_unit prerm_unit postrm_unit)
@@ -87,7 +132,8 @@ _caracal_deb_scripts(agent server
 # Runtime libraries loaded with dlopen, which dpkg-shlibdeps cannot see: EAL's mempool driver
 # and the PMDs the server supports (mlx5 for BlueField, af_packet and tap for hosts without a
 # DPDK NIC), and libibverbs' providers (mlx5, rxe). Named with the DPDK ABI of this build.
-set(_server_depends "adduser")
+# procps: /bin/kill, which the unit's ExecReload runs (systemd 252 has no Type=notify-reload).
+set(_server_depends adduser procps)
 if(CARACAL_WITH_DPDK)
   string(REGEX MATCH "^[0-9]+" _dpdk_year "${DPDK_VERSION}")
   # DPDK's ABI is the LTS's year minus one (22.11: 23, 23.11: 24, 24.11: 25).

@@ -2,13 +2,18 @@
 # Installs the packages that scripts/package.sh built into a fresh Debian root (mmdebstrap,
 # minbase, this machine's release and architecture) with apt, as an operator would, and checks
 # what the maintainer scripts did: the caracal user, the generated secret (mode 0640, group
-# caracal), the conffiles, the units in place; then runs the installed snic_server as caracal
-# with the installed configuration and asks it for an echo through the installed agent.
+# caracal), the conffiles, the units in place (and `systemd-analyze verify` of them there), the
+# manual pages; then runs the installed snic_server as caracal with the installed configuration
+# and asks it for an echo through the installed agent; then runs end-to-end scripts of
+# tests/e2e against the installed server and agent.
 #
-#   scripts/package-install-check.sh [PACKAGES_DIR]   # default build-package/packages
+#   scripts/package-install-check.sh [PACKAGES_DIR [BUILD_DIR]]
+#     PACKAGES_DIR default build-package/packages; BUILD_DIR (default build) gives the test
+#     clients of the end-to-end scripts (caracal_pipeline_client); without it they are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=$(realpath "${1:-build-package/packages}")
+CLIENTS=$(realpath "${2:-build}" 2>/dev/null || true)
 ls "$PKGS"/caracal-server_*.deb "$PKGS"/caracal-agent_*.deb >/dev/null
 command -v mmdebstrap >/dev/null || { echo "SKIP: mmdebstrap is not installed"; exit 77; }
 . /etc/os-release
@@ -34,7 +39,7 @@ fail() { echo "package-install-check: $*" >&2; exit 1; }
 
 # A root with apt, then our packages installed by apt from local files (it resolves Depends
 # from the mirror). No services start in a chroot: policy-rc.d says so, as in Debian's builds.
-mmdebstrap --variant=apt --mode=root --include=netcat-openbsd,ca-certificates \
+mmdebstrap --variant=apt --mode=root --include=netcat-openbsd,ca-certificates,systemd \
   --customize-hook='printf "#!/bin/sh\nexit 101\n" >"$1/usr/sbin/policy-rc.d"; chmod +x "$1/usr/sbin/policy-rc.d"' \
   --customize-hook="mkdir -p \"\$1/tmp/debs\"" \
   --customize-hook="sync-in $PKGS /tmp/debs" \
@@ -55,6 +60,13 @@ for u in caracal-server.service caracal-agent@.service; do
 done
 [ -L "$ROOT/etc/systemd/system/multi-user.target.wants/caracal-server.service" ] ||
   fail "caracal-server.service is not enabled"
+# systemd's own check of the installed units (directives, the programs they run, the user).
+out=$(in_root systemd-analyze verify caracal-server.service caracal-agent@echo.service 2>&1) ||
+  fail "systemd-analyze verify: $out"
+[ -z "$out" ] || fail "systemd-analyze verify warns: $out"
+for p in snic_server caracal_echo_agent caracal_kv_agent caracal_matvec_agent; do
+  [ -e "$ROOT/usr/share/man/man1/$p.1.gz" ] || fail "no manual page for $p"
+done
 
 # The installed programs, as the units run them (user caracal, the installed configurations).
 mount -t proc proc "$ROOT/proc"
@@ -77,5 +89,23 @@ chmod 0644 "$ROOT/etc/caracal/secret"
 out=$(in_root runuser -u caracal -- snic_server --config /etc/caracal/server.yaml --check-config 2>&1 || true)
 grep -q "secret file '/etc/caracal/secret' is open to other users (mode 0644)" <<<"$out" ||
   fail "a world-readable secret was not refused: $out"
+chmod 0640 "$ROOT/etc/caracal/secret"
+
+# The end-to-end scripts, run with the installed programs in place of a build tree's.
+ran=()
+if [ -x "$CLIENTS/tests/e2e/caracal_pipeline_client" ]; then
+  T=$ROOT/tmp/as-built
+  mkdir -p "$T/server" "$T/examples/echo" "$T/tests/e2e"
+  ln -s "$ROOT/usr/bin/snic_server" "$T/server/snic_server"
+  ln -s "$ROOT/usr/bin/caracal_echo_agent" "$T/examples/echo/caracal_echo_agent"
+  ln -s "$CLIENTS/tests/e2e/caracal_pipeline_client" "$T/tests/e2e/caracal_pipeline_client"
+  for s in pipeline bad_input agent_loss sockperf; do
+    rc=0
+    tests/e2e/$s.sh "$T" "$PWD" >"$ROOT/tmp/e2e-$s.log" 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || { tail -30 "$ROOT/tmp/e2e-$s.log"; fail "tests/e2e/$s.sh against the installed programs exited $rc"; }
+    [ "$rc" -eq 0 ] && ran+=("$s")
+  done
+fi
 echo "package-install-check: installed with apt into a fresh $PRETTY_NAME root; user, secret," \
-  "conffiles and units in place; the installed server and agent served an echo as caracal"
+  "conffiles, units (systemd-analyze verify) and manual pages in place; the installed server" \
+  "and agent served an echo as caracal; e2e scripts against the installed programs passed: ${ran[*]:-none run}"

@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   keep_freed_memory();
   CLI::App app{
       "snic_server: Caracal's network server (serves TCP and UDP clients with handlers "
-      "that run on accelerators)"};
+      "that run on accelerators)",
+      "snic_server"};
   std::string config_path;
   bool check_only = false;
   std::string log_level;

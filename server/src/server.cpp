@@ -40,8 +40,8 @@ Server::Server(ServerConfig config, ServerOptions options)
                   "cores"),
               .sleeps = &metrics_.counter("caracal_engine_sleeps_total", engine_sleeps_help())}),
       io_(config_.io_threads) {
-  // engine_threads 0: every I/O thread hosts an engine thread (parse_server_config keeps
-  // io_threads within kMaxEngineThreads then).
+  // engine_threads 0: every I/O thread hosts an engine thread (kMaxEngineThreads leaves room
+  // for one per I/O thread).
   if (config_.engine_threads == 0) {
     for (uint32_t i = 0; i < io_.size(); ++i)
       engine_.host(i, io_.at(i));
@@ -61,7 +61,8 @@ Status Server::start() {
   if (started_) return invalid_argument("server already started");
   started_ = true;
   if (config_.dpdk) {
-    Result<std::unique_ptr<DpdkPort>> port = DpdkPort::open(*config_.dpdk, replies_, metrics_);
+    Result<std::unique_ptr<DpdkPort>> port =
+        DpdkPort::open(*config_.dpdk, replies_, metrics_, engine_.threads());
     if (!port.ok()) return port.status();
     dpdk_ = std::move(port).value();
     spdlog::info("dpdk port {}", dpdk_->description());
@@ -70,7 +71,8 @@ Status Server::start() {
   for (auto& s : services_) {
     by_name[s->name()] = s.get();
     for (const ListenerConfig& l : s->config().listeners) {
-      ListenerDeps deps{io_, *s, replies_, metrics_, dpdk_.get(), config_.engine_threads == 0};
+      ListenerDeps deps{
+          io_, *s, replies_, metrics_, dpdk_.get(), config_.engine_threads == 0, engine_.threads()};
       std::unique_ptr<Listener> listener = make_listener(l, deps);
       CARACAL_RETURN_IF_ERROR(listener->start());
       spdlog::info("service {}: listening on {} (port {})", s->name(), listener->name(),

@@ -34,7 +34,8 @@ class UdpListenerCore final : public ReplySink,
                               public std::enable_shared_from_this<UdpListenerCore> {
  public:
   UdpListenerCore(const ListenerConfig& config, const ListenerDeps& deps)
-      : config_(config),
+      : ReplySink(deps.engine_threads),
+        config_(config),
         io_(deps.io),
         service_(deps.service),
         replies_(deps.replies),
@@ -48,7 +49,7 @@ class UdpListenerCore final : public ReplySink,
     if (!address.ok()) return invalid_argument(name_ + ": " + address.status().message());
     udp::endpoint ep(*address, config_.listen.port);
     for (uint32_t i = 0; i < sockets_count_; ++i) {
-      auto s = std::make_unique<Socket>(io_.at(i), service_.config().max_message_bytes);
+      auto s = std::make_unique<Socket>(io_.at(i), service_.config().max_message_bytes, lanes());
       error_code ec;
       s->socket.open(ep.protocol(), ec);
       if (!ec && sockets_count_ > 1) {
@@ -149,8 +150,9 @@ class UdpListenerCore final : public ReplySink,
   static constexpr size_t kReceiveBatch = tunables::kUdpReceiveBatch;
 
   struct Socket {
-    Socket(asio::io_context& io, uint32_t max_message_bytes)
+    Socket(asio::io_context& io, uint32_t max_message_bytes, uint32_t engine_threads)
         : socket(asio::make_strand(io)),
+          outgoing(engine_threads),
           // One byte more than the largest message detects an oversize datagram. No UDP
           // datagram is longer than 65,507 bytes, so no buffer needs more than 64 KiB.
           stride(std::min<size_t>(size_t{max_message_bytes} + 1, 65536)),
@@ -170,7 +172,7 @@ class UdpListenerCore final : public ReplySink,
     // even once `socket` is closed, so a reply racing with close() still has a socket.
     int reply_fd = -1;
     // Replies not yet flushed, per engine thread: element i is used by engine thread i only.
-    std::array<std::vector<Datagram>, kMaxEngineThreads> outgoing;
+    std::vector<std::vector<Datagram>> outgoing;
     // Receive state, used by the socket's strand only: kReceiveBatch buffers of `stride` bytes,
     // their senders, and the recvmmsg() vectors that point at them.
     size_t stride;

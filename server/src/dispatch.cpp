@@ -236,23 +236,38 @@ size_t Service::queue_count() const {
 void Service::park(std::function<void()> resume) {
   {
     std::lock_guard lock(parked_m_);
-    // Checked under the lock that on_room() takes after the engine made room: either this
-    // check sees the room, or on_room() sees this connection parked.
+    parked_.push_back(std::move(resume));
+    parked_count_.store(parked_.size(), std::memory_order_relaxed);
+    // Pairs with the fence in on_room(), Dekker-style: this thread writes parked_count_ and
+    // then reads the inboxes' `waiting`; the engine writes `waiting` (the room it made) and
+    // then reads parked_count_. With a seq_cst fence between each write and read, at least one
+    // of them sees the other's write: either this check sees the room, or on_room() sees this
+    // connection parked (and takes the lock, which orders the rest).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (any_congested()) {
-      parked_.push_back(std::move(resume));
       pauses_.inc();
       return;
     }
+    resume = std::move(parked_.back());
+    parked_.pop_back();
+    parked_count_.store(parked_.size(), std::memory_order_relaxed);
   }
   resume();
 }
 
 void Service::on_room() {
+  // Every engine thread calls this after every round that wrote into a ring: with nothing
+  // parked (the rule under load over UDP, and over TCP until the rings fill) it takes no lock,
+  // so that the engine threads do not all pass the lock's cache line around. See park() for
+  // the fence.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (parked_count_.load(std::memory_order_relaxed) == 0) return;
   std::vector<std::function<void()>> resume;
   {
     std::lock_guard lock(parked_m_);
     if (parked_.empty() || any_congested()) return;
     resume.swap(parked_);
+    parked_count_.store(0, std::memory_order_relaxed);
   }
   for (auto& r : resume)
     r();

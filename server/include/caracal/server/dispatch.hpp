@@ -144,7 +144,9 @@ class Service final : public EngineEvents {
   std::vector<std::pair<const AgentRegion*, uint64_t>> metric_callbacks_;
 
   std::mutex parked_m_;
-  std::vector<std::function<void()>> parked_;
+  std::vector<std::function<void()>> parked_;  // under parked_m_
+  // parked_.size(), written under parked_m_, read by on_room() without it (see park()).
+  std::atomic<size_t> parked_count_{0};
 
   Counter& requests_;
   Counter& replies_;

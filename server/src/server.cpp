@@ -1,6 +1,7 @@
 #include "caracal/server/server.hpp"
 
 #include <pthread.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -57,6 +58,23 @@ Server::~Server() {
   stop();
 }
 
+void Server::warn_if_more_threads_than_cpus() const {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  const auto cpus = static_cast<uint32_t>(CPU_COUNT(&set));
+  const uint32_t pollers = config_.io_threads + config_.engine_threads;
+  if (pollers <= cpus) return;
+  // Each I/O thread (and engine thread) polls while it has requests in flight: beyond one per
+  // CPU they take turns, and a reply waits for its thread's next turn.
+  SPDLOG_WARN(
+      "{} I/O thread(s) and {} engine thread(s) of their own, on {} CPU(s) this process may "
+      "run on: threads that poll take turns on the CPUs, which serves less than one thread per "
+      "CPU and adds milliseconds to replies; give io_threads at most {}",
+      config_.io_threads, config_.engine_threads, cpus,
+      cpus > config_.engine_threads ? cpus - config_.engine_threads : 1);
+}
+
 Status Server::start() {
   if (started_) return invalid_argument("server already started");
   started_ = true;
@@ -91,6 +109,7 @@ Status Server::start() {
     spdlog::info("metrics on http://{}:{}/metrics", config_.metrics_listen->host,
                  metrics_server_->port());
   }
+  warn_if_more_threads_than_cpus();
   engine_.start();
   if (dpdk_) {
     CARACAL_RETURN_IF_ERROR(dpdk_->run());

@@ -25,7 +25,8 @@
 # and the first of each round alternating: one run at this scale moves by several us, so the
 # aim (Caracal's p50 over the CPU server's) is read from the median of the rounds. CPU cores used by
 # each server's processes (utime + stime from /proc/PID/stat over each run's wall time; for
-# Caracal, snic_server and the agent together) are recorded with every point.
+# Caracal, snic_server and the agent together; and, as process_cores, the first process alone:
+# snic_server without its agent) are recorded with every point.
 #
 # Everything is verified by caracal_loadgen as it runs (a wrong reply is an error in the JSON).
 # Results: RESULTS_DIR/raw/ (every loadgen JSON, sockperf output, server logs),
@@ -50,7 +51,8 @@
 # "caracal cpu" in SERVERS), PERF (a perf binary: each saturation point also samples the server's
 # processes with `perf record -g` over the measured window and keeps the flat profile, per
 # thread name, shared object and symbol, as raw/NAME-perf.txt), HOLD_TO (a server of SERVERS:
-# see below), HOLD_THREADS, HOLD_PERIOD_US.
+# see below), HOLD_THREADS, HOLD_PERIOD_US, SERVER_CPUS and CLIENT_CPUS (taskset CPU lists: the
+# servers with their agents, and caracal_loadgen, each kept to its own CPUs; unset: anywhere).
 #
 # Held points (HOLD_TO set, e.g. host_centric; needs root and a cgroup CPU controller, v2 or v1):
 # after the sessions above, Caracal runs each saturation point again inside a cgroup whose CPU
@@ -162,14 +164,16 @@ source "$(dirname "$0")/lib.sh"  # wait_for_line, hold_*
 
 # launch COMMAND...: runs COMMAND (in the background), in the held group while HOLDING is 1.
 launch() {
+  if [ -n "${SERVER_CPUS:-}" ]; then set -- taskset -c "$SERVER_CPUS" "$@"; fi
   if [ "$HOLDING" = 1 ]; then hold_exec "$@"; fi
   exec "$@"
 }
 
-# CPU ticks (utime + stime) of the server's processes so far.
+# CPU ticks (utime + stime) so far of the server's processes, or of the PIDs given.
 ticks() {
   local sum=0 pid
-  for pid in "${SERVER_PIDS[@]}"; do
+  [ $# -gt 0 ] || set -- "${SERVER_PIDS[@]}"
+  for pid in "$@"; do
     # Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
     local rest
     rest=$(sed -E 's/^.*\) //' "/proc/$pid/stat" 2>/dev/null) || continue
@@ -262,7 +266,8 @@ YAML
         bin=$HC_SERVER
         extra=(--batch "$BATCH" --batch-timeout-us "$BATCH_TIMEOUT_US" --gpu 0)
       fi
-      "$bin" --handler "$handler" --threads "$THREADS" --max-message-bytes $MAX_MESSAGE \
+      ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} \
+        "$bin" --handler "$handler" --threads "$THREADS" --max-message-bytes $MAX_MESSAGE \
         "${extra[@]}" >"$log-server.log" 2>&1 &
       local pid=$!
       PIDS+=("$pid")
@@ -291,7 +296,7 @@ point() {
   local port=$UDP_PORT
   [ "$proto" = tcp ] && port=$TCP_PORT
   local name="$server-$handler-$proto-$size-$kind${ROUND:+-$ROUND}"
-  local t0 t1 w0 w1 rc threads_before threads="{}"
+  local t0 t1 p0 p1 w0 w1 rc threads_before threads="{}"
   [ "$kind" = saturation ] && threads_before=$(thread_ticks)
   local perf_pid= perf_ctl= perf_ack=
   if [ -n "${PERF:-}" ] && [ "$kind" = saturation ]; then
@@ -314,8 +319,10 @@ point() {
   local hold_before=
   [ "$HOLDING" = 1 ] && hold_before=$(hold_stat)
   t0=$(ticks)
+  p0=$(ticks "${SERVER_PIDS[0]}")
   w0=$(date +%s.%N)
-  "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
+  ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} \
+    "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
     --warmup "$WARMUP" --duration "$DURATION" --json "$RAW/$name.json" --label "$name" \
     $LOADGEN_ARGS "$@" \
     >"$RAW/$name.out" 2>&1 &
@@ -328,6 +335,7 @@ point() {
   wait "$loadgen_pid" || rc=$?
   w1=$(date +%s.%N)
   t1=$(ticks)
+  p1=$(ticks "${SERVER_PIDS[0]}")
   if [ -n "$perf_pid" ]; then
     perf_command "$perf_ctl" "$perf_ack" stop || kill -INT "$perf_pid" 2>/dev/null
     wait "$perf_pid" || true
@@ -340,8 +348,11 @@ point() {
         --percent-limit 3 --sort sym; } 2>>"$RAW/$name-perf.log" | sed -e 's/ *$//' -e '/^# \.\.\./d' >"$RAW/$name-perf.txt"
     rm -f "$RAW/$name.perf.data"
   fi
-  local cores
+  local cores process_cores
   cores=$(awk -v t="$((t1 - t0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
+    'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
+  # The first process alone: snic_server without its agent, for Caracal.
+  process_cores=$(awk -v t="$((p1 - p0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
     'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
   if [ "$kind" = saturation ]; then
     threads=$(threads_json "$threads_before" "$(thread_ticks)" \
@@ -355,9 +366,9 @@ point() {
       "$HOLD_TO" "$HOLD_CORES" "$THREADS" "$HOLD_PERIOD_US" \
       "\"periods\":$(($3 - $1)),\"throttled\":$(($4 - $2))")
   fi
-  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s",%s%s"loadgen_rc":%d,"cpu_cores":%s,"threads":%s,"json":"%s"}\n' \
+  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s",%s%s"loadgen_rc":%d,"cpu_cores":%s,"process_cores":%s,"threads":%s,"json":"%s"}\n' \
     "$server" "$handler" "$proto" "$size" "$kind" "${ROUND:+\"round\":$ROUND,}" "$hold" "$rc" \
-    "$cores" "$threads" "$name.json" >>"$POINTS"
+    "$cores" "$process_cores" "$threads" "$name.json" >>"$POINTS"
   log "$name: $(head -1 "$RAW/$name.out") [server cores $cores]"
   [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
 }
@@ -512,7 +523,7 @@ fi
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"low_load_servers\": \"$LOW_LOAD_SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

@@ -296,6 +296,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
         }
       });
     }
+    ep_.engine_.place(*region);  // before dispatch and the engine index its queues by thread
     if (Status s = svc->add(region); !s.ok()) return refuse(what + ": " + s.message());
     ep_.engine_.attach(region);
     regions_.push_back(Admitted{region, svc});

@@ -72,9 +72,19 @@ bool Service::any_congested() const {
 }
 
 void Service::index_by_thread(Targets& t) const {
-  t.by_thread.assign(engine_.threads(), {});
+  const uint32_t threads = engine_.threads();
+  t.by_thread.assign(threads, {});
   for (uint32_t i = 0; i < t.all.size(); ++i)
     t.by_thread[engine_.thread_of(*t.all[i].region, t.all[i].queue)].push_back(i);
+  std::vector<uint32_t> serving;
+  for (uint32_t i = 0; i < threads; ++i) {
+    if (!t.by_thread[i].empty()) serving.push_back(i);
+  }
+  t.stand_in.clear();
+  if (serving.empty()) return;  // no queues: nothing to choose among
+  t.stand_in.resize(threads);
+  for (uint32_t i = 0; i < threads; ++i)
+    t.stand_in[i] = t.by_thread[i].empty() ? serving[i % serving.size()] : i;
 }
 
 template <typename Load>
@@ -111,17 +121,18 @@ DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flo
       return t.all[i].region->inbox(t.all[i].queue).outstanding.load(std::memory_order_relaxed);
     };
     // Read by an I/O thread that hosts an engine thread: the queues of the next thread while
-    // neither is loaded, else its own (see Targets::by_thread). The policy picks among them as
-    // it would among all; a thread without queues leaves the choice to all of them.
+    // neither is loaded, else its own (see Targets::by_thread), a thread that serves none
+    // standing on the queues of another (Targets::stand_in). The policy picks among them as it
+    // would among all.
     const std::vector<uint32_t>* among = nullptr;
     const int host = Engine::hosted_thread();
-    if (host >= 0 && static_cast<size_t>(host) < t.by_thread.size()) {
-      const auto self = static_cast<uint32_t>(host);
-      const auto next_thread = static_cast<uint32_t>((self + 1) % t.by_thread.size());
+    if (host >= 0 && static_cast<size_t>(host) < t.stand_in.size()) {
+      const size_t threads = t.stand_in.size();
+      const uint32_t self = t.stand_in[static_cast<size_t>(host)];
+      const uint32_t next_thread = t.stand_in[(static_cast<size_t>(host) + 1) % threads];
       const bool loaded = engine_.in_flight(self) >= tunables::kLocalInFlight ||
                           engine_.in_flight(next_thread) >= tunables::kLocalInFlight;
-      const uint32_t owner = loaded ? self : next_thread;
-      if (!t.by_thread[owner].empty()) among = &t.by_thread[owner];
+      among = &t.by_thread[loaded ? self : next_thread];
     }
     size_t k = 0;
     if (among != nullptr) {
@@ -225,23 +236,38 @@ size_t Service::queue_count() const {
 void Service::park(std::function<void()> resume) {
   {
     std::lock_guard lock(parked_m_);
-    // Checked under the lock that on_room() takes after the engine made room: either this
-    // check sees the room, or on_room() sees this connection parked.
+    parked_.push_back(std::move(resume));
+    parked_count_.store(parked_.size(), std::memory_order_relaxed);
+    // Pairs with the fence in on_room(), Dekker-style: this thread writes parked_count_ and
+    // then reads the inboxes' `waiting`; the engine writes `waiting` (the room it made) and
+    // then reads parked_count_. With a seq_cst fence between each write and read, at least one
+    // of them sees the other's write: either this check sees the room, or on_room() sees this
+    // connection parked (and takes the lock, which orders the rest).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (any_congested()) {
-      parked_.push_back(std::move(resume));
       pauses_.inc();
       return;
     }
+    resume = std::move(parked_.back());
+    parked_.pop_back();
+    parked_count_.store(parked_.size(), std::memory_order_relaxed);
   }
   resume();
 }
 
 void Service::on_room() {
+  // Every engine thread calls this after every round that wrote into a ring: with nothing
+  // parked (the rule under load over UDP, and over TCP until the rings fill) it takes no lock,
+  // so that the engine threads do not all pass the lock's cache line around. See park() for
+  // the fence.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (parked_count_.load(std::memory_order_relaxed) == 0) return;
   std::vector<std::function<void()>> resume;
   {
     std::lock_guard lock(parked_m_);
     if (parked_.empty() || any_congested()) return;
     resume.swap(parked_);
+    parked_count_.store(0, std::memory_order_relaxed);
   }
   for (auto& r : resume)
     r();

@@ -1,6 +1,7 @@
 #include "caracal/server/server.hpp"
 
 #include <pthread.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -40,8 +41,8 @@ Server::Server(ServerConfig config, ServerOptions options)
                   "cores"),
               .sleeps = &metrics_.counter("caracal_engine_sleeps_total", engine_sleeps_help())}),
       io_(config_.io_threads) {
-  // engine_threads 0: every I/O thread hosts an engine thread (parse_server_config keeps
-  // io_threads within kMaxEngineThreads then).
+  // engine_threads 0: every I/O thread hosts an engine thread (kMaxEngineThreads leaves room
+  // for one per I/O thread).
   if (config_.engine_threads == 0) {
     for (uint32_t i = 0; i < io_.size(); ++i)
       engine_.host(i, io_.at(i));
@@ -57,11 +58,29 @@ Server::~Server() {
   stop();
 }
 
+void Server::warn_if_more_threads_than_cpus() const {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  const auto cpus = static_cast<uint32_t>(CPU_COUNT(&set));
+  const uint32_t pollers = config_.io_threads + config_.engine_threads;
+  if (pollers <= cpus) return;
+  // Each I/O thread (and engine thread) polls while it has requests in flight: beyond one per
+  // CPU they take turns, and a reply waits for its thread's next turn.
+  SPDLOG_WARN(
+      "{} I/O thread(s) and {} engine thread(s) of their own, on {} CPU(s) this process may "
+      "run on: threads that poll take turns on the CPUs, which serves less than one thread per "
+      "CPU and adds milliseconds to replies; give io_threads at most {}",
+      config_.io_threads, config_.engine_threads, cpus,
+      cpus > config_.engine_threads ? cpus - config_.engine_threads : 1);
+}
+
 Status Server::start() {
   if (started_) return invalid_argument("server already started");
   started_ = true;
   if (config_.dpdk) {
-    Result<std::unique_ptr<DpdkPort>> port = DpdkPort::open(*config_.dpdk, replies_, metrics_);
+    Result<std::unique_ptr<DpdkPort>> port =
+        DpdkPort::open(*config_.dpdk, replies_, metrics_, engine_.threads());
     if (!port.ok()) return port.status();
     dpdk_ = std::move(port).value();
     spdlog::info("dpdk port {}", dpdk_->description());
@@ -70,7 +89,8 @@ Status Server::start() {
   for (auto& s : services_) {
     by_name[s->name()] = s.get();
     for (const ListenerConfig& l : s->config().listeners) {
-      ListenerDeps deps{io_, *s, replies_, metrics_, dpdk_.get(), config_.engine_threads == 0};
+      ListenerDeps deps{
+          io_, *s, replies_, metrics_, dpdk_.get(), config_.engine_threads == 0, engine_.threads()};
       std::unique_ptr<Listener> listener = make_listener(l, deps);
       CARACAL_RETURN_IF_ERROR(listener->start());
       spdlog::info("service {}: listening on {} (port {})", s->name(), listener->name(),
@@ -89,6 +109,7 @@ Status Server::start() {
     spdlog::info("metrics on http://{}:{}/metrics", config_.metrics_listen->host,
                  metrics_server_->port());
   }
+  warn_if_more_threads_than_cpus();
   engine_.start();
   if (dpdk_) {
     CARACAL_RETURN_IF_ERROR(dpdk_->run());

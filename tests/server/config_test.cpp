@@ -198,23 +198,31 @@ TEST(ServerConfig, RdmaQueuePairRetries) {
 }
 
 TEST(ServerConfig, EngineThreads) {
-  // Without the key the I/O threads run the engine, where there are few enough of them.
-  EXPECT_EQ(parse(kValid).engine_threads, 0u);
-  EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 8")).engine_threads, 0u);
-  EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 12")).engine_threads, 1u);
+  // Without the key the I/O threads run the engine, however many there are: no cut-over to a
+  // few engine threads of their own past some count.
+  for (const uint32_t io : {1u, 2u, 3u, 8u, 9u, 12u, 16u, 24u, 32u, 64u, 256u}) {
+    const ServerConfig c = parse(with("io_threads: 3", "io_threads: " + std::to_string(io)));
+    EXPECT_EQ(c.io_threads, io);
+    EXPECT_EQ(c.engine_threads, 0u) << "io_threads " << io;
+  }
   EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 3\nengine_threads: 4")).engine_threads, 4u);
-  // 0: each I/O thread hosts an engine thread.
+  // 0: each I/O thread hosts an engine thread, also past 8 of them.
   EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 3\nengine_threads: 0")).engine_threads, 0u);
-  for (const char* bad : {"engine_threads: 9", "engine_threads: two", "engine_threads: -1"}) {
+  EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 32\nengine_threads: 0")).engine_threads, 0u);
+  // Threads of their own, up to one per I/O thread a server may have.
+  EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 32\nengine_threads: 16")).engine_threads, 16u);
+  EXPECT_EQ(parse(with("io_threads: 3", "io_threads: 3\nengine_threads: 256")).engine_threads,
+            256u);
+  for (const char* bad : {"engine_threads: 257", "engine_threads: two", "engine_threads: -1"}) {
     const std::string e = error_of(with("io_threads: 3", std::string("io_threads: 3\n") + bad));
     EXPECT_NE(e.find("test.yaml:2:"), std::string::npos) << bad << ": " << e;
     EXPECT_NE(e.find("engine_threads"), std::string::npos) << bad << ": " << e;
   }
-  // More I/O threads than a server may have engine threads cannot each host one.
-  const std::string e = error_of(with("io_threads: 3", "io_threads: 12\nengine_threads: 0"));
-  EXPECT_NE(e.find("test.yaml:2:"), std::string::npos) << e;
-  EXPECT_NE(e.find("engine_threads"), std::string::npos) << e;
-  EXPECT_NE(e.find("io_threads is 12"), std::string::npos) << e;
+  for (const char* bad : {"io_threads: 0", "io_threads: 257", "io_threads: many"}) {
+    const std::string e = error_of(with("io_threads: 3", bad));
+    EXPECT_NE(e.find("test.yaml:1:"), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("io_threads"), std::string::npos) << bad << ": " << e;
+  }
 }
 
 TEST(ServerConfig, SyntaxErrorCarriesTheParserPosition) {

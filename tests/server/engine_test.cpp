@@ -52,6 +52,9 @@ struct Prefix {
 // once, so everything is under one lock.
 class RecordingSink final : public ReplySink {
  public:
+  // A lane for every engine thread a test may run.
+  RecordingSink() : ReplySink(kMaxEngineThreads) {}
+
   struct Answer {
     uint32_t thread;
     Reply reply;
@@ -322,10 +325,12 @@ TEST_P(HostedEngineTest, HostsServeTheirHandlersBetweenRoundsAndAfterTheStop) {
   EXPECT_EQ(after.load(), static_cast<int>(hosts_.size()));
 }
 
+// 6: more threads than the region has queues (two threads serve none).
 INSTANTIATE_TEST_SUITE_P(Threads, EngineTest,
                          ::testing::Values(std::tuple{1u, false}, std::tuple{2u, false},
-                                           std::tuple{3u, false}, std::tuple{1u, true},
-                                           std::tuple{2u, true}),
+                                           std::tuple{3u, false}, std::tuple{6u, false},
+                                           std::tuple{1u, true}, std::tuple{2u, true},
+                                           std::tuple{6u, true}),
                          [](const auto& info) {
                            return (std::get<1>(info.param) ? "hosted" : "") +
                                   std::to_string(std::get<0>(info.param));
@@ -376,6 +381,122 @@ INSTANTIATE_TEST_SUITE_P(Threads, HostedEngineTest,
                          [](const auto& info) {
                            return "hosted" + std::to_string(std::get<0>(info.param));
                          });
+
+// More hosts than the region has queues (kQueues): hosts 4 and 5 serve none.
+class WideHostedEngineTest : public EngineTest {
+ protected:
+  // Dispatches `n` requests from inside host `host`'s loop; returns their tokens.
+  std::vector<uint64_t> dispatch_from(uint32_t host, int n) {
+    std::vector<uint64_t> tokens;
+    std::atomic<bool> dispatched{false};
+    boost::asio::post(*hosts_[host], [&] {
+      tokens = dispatch(n);
+      dispatched = true;
+    });
+    for (int i = 0; i < 1000 && !dispatched; ++i)
+      std::this_thread::sleep_for(10ms);
+    EXPECT_TRUE(dispatched);
+    return tokens;
+  }
+};
+
+TEST_P(WideHostedEngineTest, AHostWithoutQueuesStandsOnTheQueuesOfAnother) {
+  ASSERT_EQ(threads(), 6u);
+  // Threads 0-3 serve queue 0-3; 4 and 5 serve none, and stand on 0 and 1 (the serving threads
+  // in turn). From host 5 the next thread is 0: its first kLocalInFlight requests go there,
+  // the rest, once thread 0 is loaded, to host 5's stand-in, thread 1; none to any other
+  // thread, none to a thread without queues. (No accelerator yet: nothing is answered.)
+  const std::vector<uint64_t> from5 = dispatch_from(5, 40);
+  const std::vector<uint64_t> from4 = dispatch_from(4, 40);
+  ASSERT_EQ(from5.size(), 40u);
+  ASSERT_EQ(from4.size(), 40u);
+  ASSERT_NO_FATAL_FAILURE(start_accelerator());
+  const auto answers = sink_->wait_for(from5.size() + from4.size());
+  ASSERT_EQ(answers.size(), from5.size() + from4.size());
+  const auto local = static_cast<size_t>(tunables::kLocalInFlight);
+  for (size_t i = 0; i < from5.size(); ++i) {
+    ASSERT_TRUE(answers.contains(from5[i])) << "request " << i;
+    EXPECT_EQ(answers.at(from5[i]).thread, i < local ? 0u : 1u) << "from host 5, request " << i;
+  }
+  // Then, from host 4 (stand-in 0, next thread 5, whose stand-in is 1): thread 0 has
+  // kLocalInFlight in flight already, so host 4 is loaded and keeps every request on its
+  // stand-in's queues.
+  for (size_t i = 0; i < from4.size(); ++i) {
+    ASSERT_TRUE(answers.contains(from4[i])) << "request " << i;
+    EXPECT_EQ(answers.at(from4[i]).thread, 0u) << "from host 4, request " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, WideHostedEngineTest, ::testing::Values(std::tuple{6u, true}),
+                         [](const auto& info) {
+                           return "hosted" + std::to_string(std::get<0>(info.param));
+                         });
+
+// Placement: each region's server queues start on the thread after the last queue of the
+// region placed before, so that several regions together cover every thread; a region never
+// placed starts at thread 0.
+TEST(EnginePlacement, RegionsAreDealtOneAfterAnotherOverEveryThread) {
+  spdlog::set_level(spdlog::level::warn);
+  ReplyTable replies(64);
+  Engine engine(replies, EngineOptions{.threads = 8});
+  auto region = [](const std::string& name, uint32_t queues) {
+    mqueue::RegionGeometry g;
+    g.server_queue_count = queues;
+    g.slot_bytes = 64;
+    g.ring_capacity = 64;
+    g.max_message_bytes = 256;
+    return test::make_test_region(name, g, 7, nullptr);
+  };
+  test::TestRegion unplaced = region("unplaced", 3);
+  test::TestRegion a = region("a", 4), b = region("b", 6), c = region("c", 16);
+  ASSERT_TRUE(unplaced.region && a.region && b.region && c.region);
+  engine.place(*a.region);
+  engine.place(*b.region);
+  engine.place(*c.region);
+  EXPECT_EQ(unplaced.region->engine_base(), 0u);
+  EXPECT_EQ(a.region->engine_base(), 0u);
+  EXPECT_EQ(b.region->engine_base(), 4u);
+  EXPECT_EQ(c.region->engine_base(), 2u);  // (4 + 6) % 8
+  for (uint32_t q = 0; q < 3; ++q)
+    EXPECT_EQ(engine.thread_of(*unplaced.region, q), q);
+  // a and b together: threads 0-7, then 0 and 1 again.
+  std::vector<uint32_t> per_thread(8, 0);
+  for (uint32_t q = 0; q < 4; ++q) {
+    EXPECT_EQ(engine.thread_of(*a.region, q), q);
+    ++per_thread[engine.thread_of(*a.region, q)];
+  }
+  for (uint32_t q = 0; q < 6; ++q) {
+    EXPECT_EQ(engine.thread_of(*b.region, q), (4 + q) % 8);
+    ++per_thread[engine.thread_of(*b.region, q)];
+  }
+  EXPECT_EQ(per_thread, (std::vector<uint32_t>{2, 2, 1, 1, 1, 1, 1, 1}));
+  // More queues than threads: each thread serves two of c's 16.
+  std::vector<uint32_t> of_c(8, 0);
+  for (uint32_t q = 0; q < 16; ++q)
+    ++of_c[engine.thread_of(*c.region, q)];
+  EXPECT_EQ(of_c, std::vector<uint32_t>(8, 2));
+  EXPECT_EQ(engine.thread_of(*c.region, 0), 2u);
+}
+
+// One engine thread serves everything, wherever a region was placed.
+TEST(EnginePlacement, OneThreadServesEveryQueue) {
+  ReplyTable replies(64);
+  Engine engine(replies, EngineOptions{.threads = 1});
+  mqueue::RegionGeometry g;
+  g.server_queue_count = 5;
+  g.slot_bytes = 64;
+  g.ring_capacity = 64;
+  g.max_message_bytes = 256;
+  test::TestRegion a = test::make_test_region("one-a", g, 7, nullptr);
+  test::TestRegion b = test::make_test_region("one-b", g, 7, nullptr);
+  ASSERT_TRUE(a.region && b.region);
+  engine.place(*a.region);
+  engine.place(*b.region);
+  for (uint32_t q = 0; q < 5; ++q) {
+    EXPECT_EQ(engine.thread_of(*a.region, q), 0u);
+    EXPECT_EQ(engine.thread_of(*b.region, q), 0u);
+  }
+}
 
 // What the engine reports about a region goes to the region's EngineEvents and nowhere else: a
 // region whose events are not a Service is served the same, and hears of every answer, of the

@@ -11,6 +11,7 @@ namespace caracal::server {
 namespace {
 
 struct Sink : ReplySink {
+  Sink() : ReplySink(1) {}
   void deliver(uint32_t, uint64_t, const boost::asio::ip::udp::endpoint&, Reply) override {}
 };
 

@@ -130,9 +130,9 @@ const std::string& DpdkPort::description() const {
 }
 
 Result<std::unique_ptr<DpdkPort>> DpdkPort::open(const DpdkConfig& config, ReplyTable& replies,
-                                                 Registry& metrics) {
+                                                 Registry& metrics, uint32_t engine_threads) {
   CARACAL_RETURN_IF_ERROR(init_eal(config));
-  auto state = std::make_shared<DpdkPortState>(config, replies, metrics);
+  auto state = std::make_shared<DpdkPortState>(config, replies, metrics, engine_threads);
   std::unique_ptr<DpdkPort> port(new DpdkPort(state));  // stop() cleans up on failure
   DpdkPortState& s = *state;
 

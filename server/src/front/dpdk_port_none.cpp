@@ -11,7 +11,8 @@ DpdkPort::DpdkPort(std::shared_ptr<DpdkPortState> state) : state_(std::move(stat
 
 DpdkPort::~DpdkPort() = default;
 
-Result<std::unique_ptr<DpdkPort>> DpdkPort::open(const DpdkConfig&, ReplyTable&, Registry&) {
+Result<std::unique_ptr<DpdkPort>> DpdkPort::open(const DpdkConfig&, ReplyTable&, Registry&,
+                                                 uint32_t) {
   return invalid_argument("dpdk: this snic_server was built without DPDK");
 }
 

@@ -45,14 +45,15 @@ struct DpdkBinding {
 class DpdkWorker;
 
 struct DpdkPortState {
-  DpdkPortState(const DpdkConfig& c, ReplyTable& r, Registry& m)
-      : config(c), replies(r), metrics(m) {
+  DpdkPortState(const DpdkConfig& c, ReplyTable& r, Registry& m, uint32_t threads)
+      : config(c), replies(r), metrics(m), engine_threads(threads) {
     binding_by_udp_port.fill(kNoBinding);
   }
 
   DpdkConfig config;
   ReplyTable& replies;
   Registry& metrics;
+  uint32_t engine_threads;  // the lanes of each worker's ReplySink
 
   uint16_t port_id = 0;
   std::string port_name;

@@ -22,7 +22,8 @@ using dpdk::RxFrame;
 using udp = boost::asio::ip::udp;
 
 DpdkWorker::DpdkWorker(std::shared_ptr<DpdkPortState> state, uint16_t queue)
-    : state_(std::move(state)),
+    : ReplySink(state->engine_threads),
+      state_(std::move(state)),
       queue_(queue),
       slot_peer_(state_->replies.capacity()),
       rx_(state_->config.burst),

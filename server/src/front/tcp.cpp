@@ -39,6 +39,7 @@ struct TcpListenerState {
         codec(std::move(codec)),
         service(d.service),
         replies(d.replies),
+        engine_threads(d.engine_threads),
         name(listener_name(c)),
         stats(d.metrics, d.service.name(), name) {}
 
@@ -46,6 +47,7 @@ struct TcpListenerState {
   Codec codec;
   Service& service;
   ReplyTable& replies;
+  uint32_t engine_threads;  // the lanes of each connection's ReplySink
   std::string name;
   ListenerStats stats;
 
@@ -56,7 +58,11 @@ struct TcpListenerState {
 class TcpConnection final : public ReplySink, public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(std::shared_ptr<TcpListenerState> shared, tcp::socket socket, uint64_t id)
-      : shared_(std::move(shared)), socket_(std::move(socket)), id_(id) {
+      : ReplySink(shared->engine_threads),
+        shared_(std::move(shared)),
+        socket_(std::move(socket)),
+        id_(id),
+        outgoing_(lanes()) {
     const FramingConfig& f = shared_->codec.config();
     buffer_.resize(size_t{f.max_message_bytes} + Codec::header_capacity() + f.delimiter.size() +
                    tunables::kStreamReadSlack);
@@ -355,7 +361,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   uint64_t id_;
   // Replies delivered by the engine and not yet flushed to the strand, per engine thread:
   // element i is used by engine thread i only.
-  std::array<std::vector<std::pair<uint64_t, Reply>>, kMaxEngineThreads> outgoing_;
+  std::vector<std::vector<std::pair<uint64_t, Reply>>> outgoing_;
   std::string peer_;
   std::optional<uint64_t> token_base_;
   bool counted_ = false;

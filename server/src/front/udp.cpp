@@ -34,7 +34,8 @@ class UdpListenerCore final : public ReplySink,
                               public std::enable_shared_from_this<UdpListenerCore> {
  public:
   UdpListenerCore(const ListenerConfig& config, const ListenerDeps& deps)
-      : config_(config),
+      : ReplySink(deps.engine_threads),
+        config_(config),
         io_(deps.io),
         service_(deps.service),
         replies_(deps.replies),
@@ -48,7 +49,7 @@ class UdpListenerCore final : public ReplySink,
     if (!address.ok()) return invalid_argument(name_ + ": " + address.status().message());
     udp::endpoint ep(*address, config_.listen.port);
     for (uint32_t i = 0; i < sockets_count_; ++i) {
-      auto s = std::make_unique<Socket>(io_.at(i), service_.config().max_message_bytes);
+      auto s = std::make_unique<Socket>(io_.at(i), service_.config().max_message_bytes, lanes());
       error_code ec;
       s->socket.open(ep.protocol(), ec);
       if (!ec && sockets_count_ > 1) {
@@ -92,10 +93,11 @@ class UdpListenerCore final : public ReplySink,
   // of that thread, and one system call per reply the engine's time.
   // The slot was one-shot (see on_datagram()): route() released it already.
   void deliver(uint32_t thread, uint64_t token, const udp::endpoint& peer, Reply reply) override {
-    // A counter only: nothing is published through it.
-    outstanding_.fetch_sub(1, std::memory_order_relaxed);
-    const uint32_t i = split_token(token).slot % static_cast<uint32_t>(sockets_.size());
-    Socket& s = *sockets_[i];
+    // A counter only: nothing is published through it. Kept only where it chooses who sends
+    // (see end_burst()): every I/O thread and every engine thread would write its line for
+    // every request.
+    if (!engine_hosted_) outstanding_.fetch_sub(1, std::memory_order_relaxed);
+    Socket& s = *sockets_[socket_for(thread, token)];
     switch (reply.kind) {
       case Reply::Kind::kNoReply:
         return;
@@ -116,10 +118,18 @@ class UdpListenerCore final : public ReplySink,
   // load the sends go to the I/O threads, one post per socket and burst: a send costs the sender
   // the network stack's work for the datagram (on loopback likely the receiver's as well), and the
   // engine, which serves every socket, would otherwise be the serial stage.
-  // With the engine in the I/O threads, the sender is an I/O thread: it always sends itself.
+  // With the engine in the I/O threads, the sender is an I/O thread: it always sends itself,
+  // the whole burst through its own socket (see socket_for()).
   void end_burst(uint32_t thread) override {
-    const bool hand_off = !engine_hosted_ && outstanding_.load(std::memory_order_relaxed) >=
-                                                 tunables::kUdpHandOffOutstanding;
+    if (engine_hosted_) {
+      Socket& s = *sockets_[thread % sockets_.size()];
+      std::vector<Datagram>& outgoing = s.outgoing[thread];
+      if (!outgoing.empty()) send_outgoing(s, outgoing);
+      outgoing.clear();
+      return;
+    }
+    const bool hand_off =
+        outstanding_.load(std::memory_order_relaxed) >= tunables::kUdpHandOffOutstanding;
     for (auto& s : sockets_) {
       std::vector<Datagram>& outgoing = s->outgoing[thread];
       if (outgoing.empty()) continue;
@@ -149,8 +159,9 @@ class UdpListenerCore final : public ReplySink,
   static constexpr size_t kReceiveBatch = tunables::kUdpReceiveBatch;
 
   struct Socket {
-    Socket(asio::io_context& io, uint32_t max_message_bytes)
+    Socket(asio::io_context& io, uint32_t max_message_bytes, uint32_t engine_threads)
         : socket(asio::make_strand(io)),
+          outgoing(engine_threads),
           // One byte more than the largest message detects an oversize datagram. No UDP
           // datagram is longer than 65,507 bytes, so no buffer needs more than 64 KiB.
           stride(std::min<size_t>(size_t{max_message_bytes} + 1, 65536)),
@@ -170,7 +181,7 @@ class UdpListenerCore final : public ReplySink,
     // even once `socket` is closed, so a reply racing with close() still has a socket.
     int reply_fd = -1;
     // Replies not yet flushed, per engine thread: element i is used by engine thread i only.
-    std::array<std::vector<Datagram>, kMaxEngineThreads> outgoing;
+    std::vector<std::vector<Datagram>> outgoing;
     // Receive state, used by the socket's strand only: kReceiveBatch buffers of `stride` bytes,
     // their senders, and the recvmmsg() vectors that point at them.
     size_t stride;
@@ -277,24 +288,35 @@ class UdpListenerCore final : public ReplySink,
       return;
     }
     // Before the dispatch, so that the engine's decrement in deliver() never comes first.
-    outstanding_.fetch_add(1, std::memory_order_relaxed);
+    if (!engine_hosted_) outstanding_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t flow = flow_of(peer);
     switch (service_.dispatch(*token, std::string(data, n), flow, false)) {
       case DispatchStatus::kQueued:
       case DispatchStatus::kCongested:
         return;
       case DispatchStatus::kFull:
-        outstanding_.fetch_sub(1, std::memory_order_relaxed);
+        if (!engine_hosted_) outstanding_.fetch_sub(1, std::memory_order_relaxed);
         replies_.release(*token);
         stats_.drop(DropReason::kQueueFull);
         return;
       case DispatchStatus::kNoAgent:
-        outstanding_.fetch_sub(1, std::memory_order_relaxed);
+        if (!engine_hosted_) outstanding_.fetch_sub(1, std::memory_order_relaxed);
         replies_.release(*token);
         stats_.drop(DropReason::kNoAgent);
         send_error(s, peer, "no agent serves service " + service_.name());
         return;
     }
+  }
+
+  // The socket whose descriptor sends the reply (every socket has the listener's port, so the
+  // client cannot tell). With the engine in the I/O threads, engine thread i is I/O thread i
+  // and sends through socket i: one sendmmsg() per burst, however many sockets there are (the
+  // replies spread over every socket cost a call per socket and burst, a call per reply or so
+  // once there are as many sockets as a burst has replies). Otherwise by reply slot, which
+  // spreads the bursts that end_burst() hands off over the I/O threads.
+  size_t socket_for(uint32_t thread, uint64_t token) const {
+    if (engine_hosted_) return thread % sockets_.size();
+    return split_token(token).slot % sockets_.size();
   }
 
   void send_error(Socket& s, const udp::endpoint& peer, const std::string& reason) {
@@ -361,7 +383,8 @@ class UdpListenerCore final : public ReplySink,
   std::vector<std::unique_ptr<Socket>> sockets_;
   uint16_t port_ = 0;
   // Requests dispatched and not yet answered: incremented by the I/O threads, decremented by
-  // the engine; it only chooses who sends the replies (see end_burst()).
+  // the engine; it only chooses who sends the replies (see end_burst()), and is not kept with
+  // the engine in the I/O threads, where the engine always sends.
   std::atomic<int64_t> outstanding_{0};
 };
 

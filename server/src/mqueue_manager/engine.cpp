@@ -44,10 +44,20 @@ void Engine::stop() {
     t->join();
 }
 
+void Engine::place(AgentRegion& region) {
+  const auto n = static_cast<uint32_t>(threads_.size());
+  if (!region.binding().shareable()) return;  // served by thread 0 whatever its base
+  // Relaxed: a counter; the base reaches the threads that read it through the locks of dispatch
+  // and attach, which come after this.
+  const uint32_t dealt = next_base_.fetch_add(region.server_queues(), std::memory_order_relaxed);
+  region.set_engine_base(dealt % n);
+}
+
 uint32_t Engine::thread_of(const AgentRegion& region, uint32_t queue) const {
   const auto n = static_cast<uint32_t>(threads_.size());
   if (n == 1 || queue >= region.server_queues() || !region.binding().shareable()) return 0;
-  return queue % n;
+  // Both below n: no overflow.
+  return (region.engine_base() % n + queue % n) % n;
 }
 
 std::vector<std::vector<uint32_t>> Engine::queues_by_thread(const AgentRegion& region) const {
@@ -97,7 +107,7 @@ void Engine::detach(std::shared_ptr<AgentRegion> region, std::chrono::millisecon
 }
 
 void Engine::fail(std::shared_ptr<AgentRegion> region, std::string reason) {
-  fail_elsewhere(region, reason, kMaxEngineThreads);
+  fail_elsewhere(region, reason, kNoThread);
 }
 
 void Engine::fail_elsewhere(const std::shared_ptr<AgentRegion>& region, const std::string& reason,

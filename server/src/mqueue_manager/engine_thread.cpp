@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <cassert>
 #include <optional>
 #include <utility>
 
@@ -130,9 +131,11 @@ void EngineThread::answer(EngineEvents* events, uint64_t token, Reply reply,
     if (events != nullptr) events->on_unrouted(DropReason::kConnectionClosed);
     return;
   }
+  // A sink made for fewer engine threads than this one has no lane for it: a wiring bug.
+  assert(index_ < route->sink->lanes());
   route->sink->deliver(index_, token, route->peer, std::move(reply));
-  if (!route->sink->awaiting_end_burst[index_]) {
-    route->sink->awaiting_end_burst[index_] = true;
+  if (bool& awaiting = route->sink->awaiting_end_burst(index_); !awaiting) {
+    awaiting = true;
     to_flush_.push_back(std::move(route->sink));
   }
 }
@@ -142,7 +145,7 @@ void EngineThread::flush_replies() {
   if (to_flush_.empty()) return;
   prof::Scope t(prof::kFlush);
   for (const std::shared_ptr<ReplySink>& sink : to_flush_) {
-    sink->awaiting_end_burst[index_] = false;
+    sink->awaiting_end_burst(index_) = false;
     sink->end_burst(index_);
   }
   to_flush_.clear();

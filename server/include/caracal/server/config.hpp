@@ -1,15 +1,15 @@
 // snic_server's configuration: what `snic_server --config FILE` reads. Parsing validates
 // every setting and reports the first bad one with its file, line and column.
 //
-//   io_threads: 2                  # Asio I/O threads (default: 2)
-//   engine_threads: 0              # mqueue engine threads, 0-8. 0 (the default where
-//                                  # io_threads is at most 8, else 1): no engine threads of
-//                                  # their own; each I/O thread runs one between its socket
-//                                  # handlers, and under load keeps what it reads on its own
-//                                  # queues. 1-8: threads of their own; an shm region's server
-//                                  # queues are dealt among them (queue q to thread
-//                                  # q % engine_threads); rdma regions and client queues stay
-//                                  # on the first. Each thread polls a core while it has work.
+//   io_threads: 2                  # Asio I/O threads (default: 2), 1-256
+//   engine_threads: 0              # mqueue engine threads, 0-256. 0 (the default): no engine
+//                                  # threads of their own; each I/O thread runs one between its
+//                                  # socket handlers, and under load keeps what it reads on its
+//                                  # own queues. 1-256: threads of their own. Either way an
+//                                  # shm region's server queues are dealt among the engine
+//                                  # threads, one after another from where the last region's
+//                                  # ended; rdma regions and client queues stay on the first.
+//                                  # Each thread polls a core while it has work.
 //   log_level: info                # trace, debug, info, warn, error
 //   control:                       # where agents register
 //     listen: 127.0.0.1:7100
@@ -140,7 +140,7 @@ struct ControlConfig {
 struct ServerConfig {
   uint32_t io_threads = 2;
   // A program that fills this in gets one engine thread unless it says otherwise; a config
-  // file without the key gets 0 where io_threads allows (parse_server_config).
+  // file without the key gets 0, the engine in the I/O threads (parse_server_config).
   uint32_t engine_threads = 1;
   std::string log_level = "info";
   ControlConfig control;

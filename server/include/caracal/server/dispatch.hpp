@@ -14,8 +14,9 @@
 //
 // With the engine in the I/O threads (engine_threads: 0), an I/O thread applies the policy to
 // the queues of one engine thread only: the next thread's while neither is loaded, its own once
-// either is (see Targets::by_thread). A flow then keeps its queue while the load stays on one
-// side of that line.
+// either is (see Targets::by_thread); a thread that serves no queue uses those of the thread
+// that stands in for it (Targets::stand_in). A flow then keeps its queue while the load stays on
+// one side of that line.
 #pragma once
 
 #include <array>
@@ -97,6 +98,13 @@ class Service final : public EngineEvents {
     // then have nothing to do and sleep, instead of every I/O thread spinning for requests that
     // come one at a time.
     std::vector<std::vector<uint32_t>> by_thread;
+    // For each engine thread, the thread whose queues stand for its own in that choice: itself
+    // if it serves queues, else one that does. With more engine threads than queues (32 I/O
+    // threads hosting the engine, one agent with 16 queues) the threads without queues are
+    // dealt among those with queues, one each in turn, so that under load each of those takes
+    // the requests of at most a few readers besides its own, instead of every reader without
+    // queues spreading its requests over every queue (and waking every thread).
+    std::vector<uint32_t> stand_in;
   };
   // `all` filled in: indexes it by engine thread.
   void index_by_thread(Targets& t) const;
@@ -136,7 +144,9 @@ class Service final : public EngineEvents {
   std::vector<std::pair<const AgentRegion*, uint64_t>> metric_callbacks_;
 
   std::mutex parked_m_;
-  std::vector<std::function<void()>> parked_;
+  std::vector<std::function<void()>> parked_;  // under parked_m_
+  // parked_.size(), written under parked_m_, read by on_room() without it (see park()).
+  std::atomic<size_t> parked_count_{0};
 
   Counter& requests_;
   Counter& replies_;

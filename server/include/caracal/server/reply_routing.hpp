@@ -70,7 +70,8 @@ static_assert(tunables::kReplySlots <= kMaxReplySlots, "a reply slot must fit in
 // A TCP connection, or a UDP listener for its requests. deliver() and end_burst() are called
 // from engine threads only, and must not block. `thread` names the engine thread that calls;
 // several may deliver to one sink at once, so whatever a sink holds between deliver() and
-// end_burst() it keeps per engine thread.
+// end_burst() it keeps per engine thread: a lane each, as many as the engine has threads
+// (given at construction, Engine::threads()).
 //
 // deliver() may hold the reply: an engine thread calls end_burst() on every sink it delivered to
 // once it has finished a burst (the replies it read from one region in one round, or the
@@ -78,13 +79,25 @@ static_assert(tunables::kReplySlots <= kMaxReplySlots, "a reply slot must fit in
 // UDP socket, one post to a TCP connection's strand, instead of one for every reply.
 class ReplySink {
  public:
+  explicit ReplySink(uint32_t engine_threads)
+      : lanes_(engine_threads), awaiting_end_burst_(std::make_unique<bool[]>(engine_threads)) {}
   virtual ~ReplySink() = default;
+  ReplySink(const ReplySink&) = delete;
+  ReplySink& operator=(const ReplySink&) = delete;
+
   virtual void deliver(uint32_t thread, uint64_t token, const boost::asio::ip::udp::endpoint& peer,
                        Reply reply) = 0;
   virtual void end_burst(uint32_t /*thread*/) {}
-  // Whether engine thread i has this sink on its list for end_burst(): element i is used by
-  // engine thread i only.
-  std::array<bool, kMaxEngineThreads> awaiting_end_burst{};
+
+  // Engine threads that may deliver to it: `thread` is below this.
+  uint32_t lanes() const { return lanes_; }
+  // Whether engine thread `thread` has this sink on its list for end_burst(). Element i is read
+  // and written by engine thread i only (a byte each: no two threads write the same location).
+  bool& awaiting_end_burst(uint32_t thread) { return awaiting_end_burst_[thread]; }
+
+ private:
+  const uint32_t lanes_;
+  std::unique_ptr<bool[]> awaiting_end_burst_;
 };
 
 // The slots. acquire/release/route are thread-safe; each slot has its own lock, so the engine

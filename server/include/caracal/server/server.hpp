@@ -52,6 +52,10 @@ class Server {
   const ServerConfig& config() const { return config_; }
 
  private:
+  // A warning in the log when the I/O threads and engine threads outnumber the CPUs the
+  // process may run on (its affinity mask: taskset, a cpuset).
+  void warn_if_more_threads_than_cpus() const;
+
   ServerConfig config_;
   ServerOptions options_;
   // Declaration order is teardown order in reverse: the I/O context goes before the services,

@@ -19,10 +19,17 @@ using namespace std::chrono_literals;
 
 // ---- mqueue manager: engine threads and their idle policy (mqueue_manager/idle_policy.hpp) ----
 
-// Engine threads a server may run. Every reply sink keeps one burst buffer per engine thread
-// (arrays of this size in each TCP connection and UDP socket), and with the engine in the I/O
-// threads (`engine_threads: 0`) each I/O thread hosts one, which caps io_threads at this many.
-inline constexpr uint32_t kMaxEngineThreads = 8;
+// I/O threads a server may run (the `io_threads` key). Far more than any SmartNIC has cores (a
+// BlueField-3 has 16, a BlueField-4 64): the bound only keeps a typo from starting thousands.
+inline constexpr uint32_t kMaxIoThreads = 256;
+
+// Engine threads a server may run. With the engine in the I/O threads (`engine_threads: 0`, the
+// default) each I/O thread hosts one, so there must be room for one per I/O thread: a cap below
+// io_threads would force the engine out of the I/O threads into a few threads of their own that
+// every request is handed to. Whatever a reply sink holds per engine thread (a burst buffer in
+// each TCP connection and UDP socket) is sized by the engine's actual thread count, not by this.
+inline constexpr uint32_t kMaxEngineThreads = kMaxIoThreads;
+static_assert(kMaxEngineThreads >= kMaxIoThreads, "every I/O thread can host an engine thread");
 
 // Rounds without work an engine thread spins before it yields, then sleeps
 // (EngineOptions::spin_rounds). Long enough that a thread which just wrote requests catches
@@ -112,11 +119,13 @@ inline constexpr std::chrono::nanoseconds kDpdkTimerSlack = 1000ns;
 // Requests of one server in flight at once: TCP connections hold one each, UDP requests one
 // until answered (ServerOptions::reply_slots). The token has room for 2^20 (kMaxReplySlots).
 inline constexpr uint32_t kReplySlots = 65536;
-// Cells that sharded counters and free lists keep, one cache line each (thread_shard.hpp): the
-// engine threads and as many I/O threads each have a cell of their own.
-inline constexpr uint32_t kThreadShards = 16;
-static_assert(kThreadShards >= 2 * kMaxEngineThreads,
-              "every engine thread and as many I/O threads have a shard of their own");
+// Cells that sharded counters and free lists keep, one cache line each (thread_shard.hpp): each
+// of the first kThreadShards threads that touch them has a cell of its own, and the threads
+// beyond that share cells (still correct, no longer free of sharing). 64 covers a server with the
+// engine in 64 I/O threads, or 32 I/O threads next to 32 engine threads of their own; a counter
+// costs 64 cache lines (4 KiB), and a histogram 64 times its buckets.
+inline constexpr uint32_t kThreadShards = 64;
+static_assert(kThreadShards >= 32, "the I/O threads of a 32-core host have a shard each");
 
 // ---- shutdown (server.cpp) and agents (control_endpoint.cpp) ----
 

@@ -29,9 +29,10 @@ class DpdkPort {
  public:
   // Initialises the EAL with config.eal_args (once per process: a second call fails), finds
   // and configures the ethdev, its queues, offloads and mempool, and starts it. Nothing is
-  // polled until run(). The error says what failed and what to change.
+  // polled until run(). The error says what failed and what to change. `engine_threads`: the
+  // engine's threads, each of which has a lane in every worker (ReplySink).
   static Result<std::unique_ptr<DpdkPort>> open(const DpdkConfig& config, ReplyTable& replies,
-                                                Registry& metrics);
+                                                Registry& metrics, uint32_t engine_threads);
   ~DpdkPort();  // stop()
   DpdkPort(const DpdkPort&) = delete;
   DpdkPort& operator=(const DpdkPort&) = delete;

@@ -63,6 +63,8 @@ struct ListenerDeps {
   // The engine runs in the I/O threads (engine_threads: 0): an engine thread that sends a burst
   // itself is an I/O thread already, so a UDP listener never hands a burst to another one.
   bool engine_hosted = false;
+  // The engine's threads (Engine::threads()): every reply sink has a lane for each.
+  uint32_t engine_threads = 1;
 };
 
 std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps);

@@ -11,10 +11,13 @@
 // into its RX ring.
 //
 // With several engine threads (EngineOptions::threads), the server queues of a region whose
-// binding allows it (shm) are dealt among them: queue q is served by thread q % threads, and
-// only by it, so every queue still has one producer and one consumer on this side. A region
-// that cannot be shared (rdma: one queue pair, one completion queue) and every client queue are
-// served by thread 0.
+// binding allows it (shm) are dealt among them: queue q is served by thread (b + q) % threads,
+// and only by it, so every queue still has one producer and one consumer on this side. The base
+// b is where the region placed before it ended (place()), so that the queues of several regions
+// (an agent per GPU) together spread over every thread rather than all starting at thread 0. A
+// region that cannot be shared (rdma: one queue pair, one completion queue) and every client
+// queue are served by thread 0. With more threads than queues some threads serve none; dispatch
+// then lends them another thread's queues (dispatch.hpp).
 //
 // Hosted engine threads (snic_server's `engine_threads: 0`): each I/O thread runs one engine
 // thread's rounds itself, between its socket handlers, instead of handing requests to an engine
@@ -25,6 +28,7 @@
 // connections stop reading and park on their service until the engine has room again.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -59,7 +63,8 @@ struct EngineOptions {
   std::chrono::milliseconds contended_hold = tunables::kContendedHold;
   // Longest sleep while replies are outstanding (latency cost of an idle engine).
   std::chrono::microseconds max_poll_sleep = tunables::kMaxPollSleep;
-  // Engine threads, 1 to kMaxEngineThreads (see the top of this file).
+  // Engine threads, 1 to kMaxEngineThreads (see the top of this file). Reply sinks need a lane
+  // for each (ReplySink).
   uint32_t threads = 1;
   // Counts the times a thread found it had lost its core and spun short; may be null.
   Counter* spins_cut = nullptr;
@@ -94,6 +99,10 @@ class Engine {
   // waits until each host has finished its last round).
   void stop();
 
+  // Chooses where the region's server queues start among the threads (its engine_base()): the
+  // thread after the last queue of the region placed before it. Call once, before the region is
+  // added to dispatch and attached; a region never placed starts at thread 0.
+  void place(AgentRegion& region);
   // The engine owns the region from now on (any thread).
   void attach(std::shared_ptr<AgentRegion> region);
   // Closes the region's inboxes; once every request in flight is answered, or after `drain`,
@@ -130,10 +139,14 @@ class Engine {
   // The engine thread that this thread hosts while it runs its rounds (hosted_thread()); set
   // and cleared by that engine thread's run_hosted(), read only by the thread itself.
   static thread_local int hosted_index_;
+  // No engine thread: fail_elsewhere()'s `except` when every thread is to hear of it.
+  static constexpr uint32_t kNoThread = UINT32_MAX;
 
   ReplyTable& replies_;
   EngineOptions options_;
   std::vector<std::unique_ptr<EngineThread>> threads_;
+  // Where the next region placed starts (place()), in queues dealt so far; a counter only.
+  std::atomic<uint32_t> next_base_{0};
 };
 
 }  // namespace caracal::server

@@ -140,6 +140,12 @@ class AgentRegion {
     if (on_fault_) on_fault_(fault);
   }
 
+  // The engine thread that serves the region's server queue 0, where the engine starts dealing
+  // its queues among its threads (Engine::place()); 0 for a region never placed. Set before the
+  // region is added to dispatch and attached (whose locks publish it), read-only afterwards.
+  uint32_t engine_base() const { return engine_base_; }
+  void set_engine_base(uint32_t base) { engine_base_ = base; }
+
  private:
   std::string agent_;
   uint64_t epoch_;
@@ -148,6 +154,7 @@ class AgentRegion {
   std::vector<std::shared_ptr<QueueInbox>> inboxes_;
   std::vector<std::shared_ptr<ClientLink>> links_;
   std::function<void(const std::string&)> on_fault_;
+  uint32_t engine_base_ = 0;
 };
 
 }  // namespace caracal::server

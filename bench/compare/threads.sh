@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Throughput and server cores against io_threads, for versions of snic_server side by side:
+#
+#   bench/compare/threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...
+#
+# For each count of IO_THREADS, each version in turn (the order turned round every other
+# count, so that neither always runs first on a fresh machine) runs bench/compare/run.sh on
+# Caracal alone with that many I/O threads and a fresh server and agent, into
+# RESULTS_DIR/NAME/tCOUNT: HANDLERS at SIZES over UDP and TCP, one point at one connection and
+# one at saturation (SAT_CONNECTIONS x SAT_WINDOW). The agents, loadgen and the baselines come
+# from BUILD_DIR; each version's server is its SNIC_BINARY. `engine_threads` is left out of the
+# config, so each version runs its own default. SIZES_NAME (e.g. SIZES_old="1024") gives one
+# version other sizes. threads_report.py RESULTS_DIR then writes threads.json, threads.md and,
+# with matplotlib, the plots.
+#
+# Knobs (environment; the rest pass through to run.sh): IO_THREADS ("2 4 8 12 16 24 32"),
+# HANDLERS (matvec), SIZES (1024), SAT_CONNECTIONS (16), SAT_WINDOW (16), LOADGEN_THREADS (16),
+# AGENT_QUEUES (16), DURATION (1), WARMUP (0.3), PIN (halves: the server and its agent on the
+# hyperthreads of the first half of the physical cores, the client on the rest, through
+# run.sh's SERVER_CPUS and CLIENT_CPUS; unset: anywhere).
+set -uo pipefail
+build=$(realpath "${1:?usage: threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...}")
+results=${2:?usage: threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...}
+shift 2
+[ $# -ge 1 ] || { echo "threads.sh: name at least one NAME=SNIC_BINARY" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$results"
+
+export HANDLERS=${HANDLERS:-matvec}
+export SAT_CONNECTIONS=${SAT_CONNECTIONS:-16}
+export SAT_WINDOW=${SAT_WINDOW:-16}
+export LOADGEN_THREADS=${LOADGEN_THREADS:-16}
+export AGENT_QUEUES=${AGENT_QUEUES:-16}
+export DURATION=${DURATION:-1}
+export WARMUP=${WARMUP:-0.3}
+export OPEN_SIZES="" LOW_LOAD_ROUNDS=0 SERVERS=caracal
+unset ENGINE_THREADS
+if [ "${PIN:-}" = halves ]; then
+  # Physical cores by (package, core id), in the order of their lowest CPU number.
+  read -r SERVER_CPUS CLIENT_CPUS < <(python3 - <<'PY'
+import collections, glob
+cores = collections.defaultdict(list)
+for d in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
+    cpu = int(d.split("/")[-2][3:])
+    key = (open(d + "/physical_package_id").read().strip(), open(d + "/core_id").read().strip())
+    cores[key].append(cpu)
+keys = sorted(cores, key=lambda k: min(cores[k]))
+half = len(keys) // 2
+cpus = lambda ks: ",".join(str(c) for k in ks for c in sorted(cores[k]))
+print(cpus(keys[:half]), cpus(keys[half:]))
+PY
+  )
+  export SERVER_CPUS CLIENT_CPUS
+  echo "threads.sh: the server on CPUs $SERVER_CPUS, the client on $CLIENT_CPUS"
+fi
+sizes=${SIZES:-1024}
+counts=${IO_THREADS:-"2 4 8 12 16 24 32"}
+
+specs=("$@")
+for spec in "${specs[@]}"; do
+  [ -x "${spec#*=}" ] || { echo "threads.sh: ${spec#*=} is not an executable" >&2; exit 2; }
+done
+failed=0
+turn=0
+for n in $counts; do
+  order=("${specs[@]}")
+  if [ $((turn % 2)) -eq 1 ]; then
+    order=()
+    for ((i = ${#specs[@]} - 1; i >= 0; i--)); do order+=("${specs[i]}"); done
+  fi
+  turn=$((turn + 1))
+  for spec in "${order[@]}"; do
+    name=${spec%%=*}
+    var="SIZES_$name"
+    echo "== $name, io_threads $n"
+    THREADS=$n SIZES=${!var:-$sizes} SNIC=${spec#*=} CARACAL_COMMIT="$name" \
+      "$here/run.sh" "$build" "$results/$name/t$n" 2>&1 | grep -E 'saturation|latency|done|run.sh' ||
+      failed=$((failed + 1))
+  done
+done
+python3 "$here/threads_report.py" "$results" || failed=$((failed + 1))
+exit "$failed"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# threads.sh for this tree's snic_server against another tree's (a baseline checkout:
+# `git worktree add .ab-base REV`, or `git archive REV | tar -x -C DIR`), built alike in one
+# session: this tree's benchmarks and server in BUILD_DIR, the baseline's server alone in
+# BASE_TREE/build-ab. The results of both go to RESULTS_DIR (threads.md, threads.json, plots).
+#   bench/compare/threads_ab.sh BASE_TREE BUILD_DIR RESULTS_DIR
+# The baseline runs as `old`, this tree as `new`; threads.sh's knobs pass through (SIZES_old
+# gives the baseline fewer sizes).
+set -uo pipefail
+base=$(realpath "${1:?usage: threads_ab.sh BASE_TREE BUILD_DIR RESULTS_DIR}")
+build=${2:?usage: threads_ab.sh BASE_TREE BUILD_DIR RESULTS_DIR}
+results=${3:?usage: threads_ab.sh BASE_TREE BUILD_DIR RESULTS_DIR}
+src=$(cd "$(dirname "$0")/../.." && pwd)
+export PATH=/usr/local/cuda/bin:$PATH
+mkdir -p "$results"
+jobs=$(nproc)
+# Both builds at once, each with half the cores.
+(cmake -S "$base" -B "$base/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF >"$results/build-old.log" 2>&1 &&
+  ninja -C "$base/build-ab" -j $((jobs / 2 + 1)) snic_server >>"$results/build-old.log" 2>&1) &
+old_build=$!
+cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
+  >"$results/build-new.log" 2>&1 &&
+  ninja -C "$build" -j $((jobs / 2 + 1)) snic_server caracal_loadgen caracal_cpu_server \
+    caracal_echo_agent caracal_matvec_agent >>"$results/build-new.log" 2>&1 ||
+  { echo "threads_ab.sh: this tree's build failed" >&2; tail -30 "$results/build-new.log" >&2; exit 2; }
+wait "$old_build" ||
+  { echo "threads_ab.sh: the baseline's build failed" >&2; tail -30 "$results/build-old.log" >&2; exit 2; }
+"$src/bench/compare/threads.sh" "$build" "$results" \
+  old="$base/build-ab/server/snic_server" new="$build/server/snic_server"

@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Gathers a bench/compare/threads.sh run: throughput and cores against io_threads.
+
+    threads_report.py RESULTS_DIR [--arm-factor F] [--bf3-cores K]
+
+Reads RESULTS_DIR/NAME/tCOUNT/compare.json (run.sh's, one per version and I/O thread count) and
+writes RESULTS_DIR/threads.json and RESULTS_DIR/threads.md: for every handler, protocol and
+size, the saturation throughput, snic_server's cores (its process alone, without the agent)
+and requests per second per core of each version against io_threads; the low-load p50; the
+server's ceiling per core; and how many GPUs of a given GPU time per request one server of k
+cores keeps busy, measured here and computed for a BlueField-3 (K Arm cores, each taken to do
+F of the work of one core here). With matplotlib, also RESULTS_DIR/threads-HANDLER-PROTO-SIZE.png
+(throughput and cores against io_threads, one line per version).
+"""
+import argparse
+import json
+import os
+import re
+
+# GPU time per request (us) for the table of GPUs kept busy: from a request that is only a
+# copy (about 1 us of a GPU) to one of a small model's inference (1 ms).
+GPU_US = (1, 5, 20, 100, 1000)
+
+
+def load(results):
+    runs = {}  # (name, threads) -> compare.json
+    for name in sorted(os.listdir(results)):
+        d = os.path.join(results, name)
+        if not os.path.isdir(d):
+            continue
+        for t in os.listdir(d):
+            m = re.fullmatch(r"t(\d+)", t)
+            path = os.path.join(d, t, "compare.json")
+            if m and os.path.exists(path):
+                runs[(name, int(m.group(1)))] = json.load(open(path))
+    return runs
+
+
+def rows(runs):
+    """One row per (name, threads, handler, proto, size, kind)."""
+    out = []
+    for (name, threads), run in runs.items():
+        for p in run["points"]:
+            if p.get("server") != "caracal" or p["kind"] not in ("saturation", "latency"):
+                continue
+            lat = p.get("latency") or {}
+            out.append({
+                "version": name, "io_threads": threads, "handler": p["handler"],
+                "proto": p["proto"], "size": p["size"], "kind": p["kind"],
+                "rps": p.get("throughput_rps"),
+                "server_cores": p.get("process_cores"),
+                "server_and_agent_cores": p.get("cpu_cores"),
+                "thread_cores": p.get("threads") or {},
+                "p50_us": lat.get("p50_ns", 0) / 1000 if lat.get("p50_ns") else None,
+                "p99_us": lat.get("p99_ns", 0) / 1000 if lat.get("p99_ns") else None,
+                "errors": (p.get("counts") or {}).get("wrong", 0),
+                "lost": (p.get("counts") or {}).get("lost", 0),
+                "client_cpu": p.get("client_cpu"),
+            })
+    return out
+
+
+def per_core(r):
+    if not r or not r.get("rps") or not r.get("server_cores"):
+        return None
+    return r["rps"] / r["server_cores"]
+
+
+def k(v):
+    return "-" if v is None else f"{v / 1000:,.0f}k"
+
+
+def f2(v):
+    return "-" if v is None else f"{v:.1f}"
+
+
+def markdown(run_facts, table, versions, args):
+    out = ["# snic_server: throughput and cores against io_threads", ""]
+    out.append(f"Machine: {run_facts.get('cpu_model', '?')}, {run_facts.get('online_cpus', '?')} "
+               f"CPUs, {run_facts.get('gpu', '?')}; {run_facts.get('date_utc', '?')}. "
+               f"Versions: {', '.join(versions)}. One agent on gpu:0 over shm with "
+               f"{run_facts.get('params', {}).get('agent_queues', '?')} queues; saturation is "
+               f"{run_facts.get('params', {}).get('sat_connections', '?')} connections x "
+               f"{run_facts.get('params', {}).get('sat_window', '?')} in flight from "
+               f"{run_facts.get('params', {}).get('loadgen_threads', '?')} client threads; "
+               "cores are snic_server's process alone (utime + stime over the point), not the "
+               "agent's; `engine_threads` is each version's default.")
+    params = run_facts.get("params") or {}
+    if params.get("server_cpus"):
+        out[-1] += (f" The server and its agent ran on CPUs {params['server_cpus']}, the client "
+                    f"on {params.get('client_cpus')} (taskset).")
+    out.append("")
+    keys = sorted({(r["handler"], r["proto"], r["size"]) for r in table})
+    for handler, proto, size in keys:
+        sat = {(r["version"], r["io_threads"]): r for r in table
+               if (r["handler"], r["proto"], r["size"], r["kind"]) ==
+               (handler, proto, size, "saturation")}
+        lat = {(r["version"], r["io_threads"]): r for r in table
+               if (r["handler"], r["proto"], r["size"], r["kind"]) ==
+               (handler, proto, size, "latency")}
+        counts = sorted({t for _, t in sat})
+        have = [v for v in versions if any((v, t) in sat for t in counts)]
+        if not have:
+            continue
+        out.append(f"## {handler}, {proto.upper()} {size} B")
+        out.append("")
+        head = "| io_threads |"
+        for v in have:
+            head += f" {v}: req/s | {v}: cores | {v}: req/s per core | {v}: p50 at 1 connection |"
+        out.append(head)
+        out.append("|" + " --- |" * (1 + 4 * len(have)))
+        for t in counts:
+            line = f"| {t} |"
+            for v in have:
+                r = sat.get((v, t))
+                pc = per_core(r)
+                line += (f" {k(r and r['rps'])} | {f2(r and r['server_cores'])} | "
+                         f"{k(pc)} | {f2(lat.get((v, t), {}).get('p50_us'))} us |")
+            out.append(line)
+        out.append("")
+
+    # The ceiling per core: the best requests per second per server core at saturation of the
+    # last version named (the new one), with the I/O thread count it was reached at.
+    new = versions[-1]
+    out.append(f"## Requests per second per server core at saturation ({new})")
+    out.append("")
+    out.append("| handler, protocol, size | best req/s per core (io_threads, req/s, cores) | "
+               "at 8 I/O threads | at 16 | at 32 |")
+    out.append("| --- | --- | --- | --- | --- |")
+    ceiling = {}
+    for handler, proto, size in keys:
+        sat = [r for r in table if (r["version"], r["handler"], r["proto"], r["size"],
+                                    r["kind"]) == (new, handler, proto, size, "saturation")]
+        best = max(sat, key=lambda r: per_core(r) or 0, default=None)
+        if not best or not per_core(best):
+            continue
+        ceiling[(handler, proto, size)] = best
+        by_t = {r["io_threads"]: r for r in sat}
+        line = (f"| {handler}, {proto.upper()} {size} B | **{k(per_core(best))}** "
+                f"({best['io_threads']}, {k(best['rps'])}, {f2(best['server_cores'])}) |")
+        for t in (8, 16, 32):
+            line += f" {k(per_core(by_t.get(t)))} |"
+        out.append(line)
+    out.append("")
+
+    # GPUs one server keeps busy: a GPU that spends g us on each request serves 1e6/g requests a
+    # second, so a server that sustains R requests a second keeps R * g / 1e6 such GPUs busy.
+    if ceiling:
+        ref = ceiling.get(("matvec", "udp", 1024)) or next(iter(ceiling.values()))
+        rate = per_core(ref)
+        label = f"{ref['handler']}, {ref['proto'].upper()} {ref['size']} B"
+        out.append("## GPUs one server keeps busy")
+        out.append("")
+        out.append(f"A GPU that spends g us on each request serves 10^6 / g requests a second; a "
+                   f"server that sustains R requests a second keeps R x g / 10^6 of them busy. "
+                   f"R here is the best per-core rate above for {label} ({k(rate)} req/s per "
+                   f"core) times k cores: measured where the run had k cores' worth of I/O "
+                   f"threads, and for a BlueField-3 computed with {args.bf3_cores} Arm cores "
+                   f"each doing {args.arm_factor} of the work of a core here.")
+        out.append("")
+        head = "| server | R (req/s) |" + "".join(f" g = {g} us |" for g in GPU_US)
+        out.append(head)
+        out.append("|" + " --- |" * (2 + len(GPU_US)))
+        sat = {r["io_threads"]: r for r in table
+               if (r["version"], r["handler"], r["proto"], r["size"], r["kind"]) ==
+               (new, ref["handler"], ref["proto"], ref["size"], "saturation")}
+        for t in sorted(sat):
+            r = sat[t]
+            if not r.get("rps"):
+                continue
+            line = (f"| measured: {t} I/O threads ({f2(r['server_cores'])} cores) | "
+                    f"{k(r['rps'])} |")
+            line += "".join(f" {r['rps'] * g / 1e6:.1f} |" for g in GPU_US)
+            out.append(line)
+        for cores in (8, 16, 32, 64):
+            rr = rate * cores
+            line = f"| {cores} cores here, at the per-core ceiling | {k(rr)} |"
+            line += "".join(f" {rr * g / 1e6:.1f} |" for g in GPU_US)
+            out.append(line)
+        rr = rate * args.bf3_cores * args.arm_factor
+        line = f"| BlueField-3, {args.bf3_cores} Arm cores x {args.arm_factor} | {k(rr)} |"
+        line += "".join(f" {rr * g / 1e6:.1f} |" for g in GPU_US)
+        out.append(line)
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(results, table, versions):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("threads_report.py: no matplotlib; no plots")
+        return []
+    made = []
+    keys = sorted({(r["handler"], r["proto"], r["size"]) for r in table})
+    for handler, proto, size in keys:
+        sat = [r for r in table if (r["handler"], r["proto"], r["size"], r["kind"]) ==
+               (handler, proto, size, "saturation")]
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+        for v in versions:
+            pts = sorted((r["io_threads"], r) for r in sat if r["version"] == v and r["rps"])
+            if not pts:
+                continue
+            xs = [t for t, _ in pts]
+            a.plot(xs, [r["rps"] / 1000 for _, r in pts], marker="o", label=v)
+            b.plot(xs, [r["server_cores"] or 0 for _, r in pts], marker="o", label=v)
+        a.set_xlabel("io_threads")
+        a.set_ylabel("k requests/s at saturation")
+        a.set_ylim(bottom=0)
+        a.grid(alpha=0.3)
+        a.legend()
+        b.set_xlabel("io_threads")
+        b.set_ylabel("snic_server cores")
+        b.set_ylim(bottom=0)
+        b.grid(alpha=0.3)
+        b.legend()
+        fig.suptitle(f"snic_server, {handler} over {proto.upper()} at {size} B")
+        fig.tight_layout()
+        path = os.path.join(results, f"threads-{handler}-{proto}-{size}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--arm-factor", type=float, default=0.5)
+    ap.add_argument("--bf3-cores", type=int, default=16)
+    args = ap.parse_args()
+    runs = load(args.results)
+    if not runs:
+        raise SystemExit(f"threads_report.py: no NAME/tCOUNT/compare.json under {args.results}")
+    table = rows(runs)
+    # Versions in the order threads.sh was given them, as the results name them; the first
+    # is the baseline.
+    versions = sorted({n for n, _ in runs}, key=lambda n: (n != "old", n))
+    facts = next(iter(runs.values()))
+    facts = {key: facts.get(key) for key in ("date_utc", "gpu", "cpu_model", "online_cpus",
+                                             "kernel", "params")}
+    json.dump({"facts": facts, "versions": versions, "points": table},
+              open(os.path.join(args.results, "threads.json"), "w"), indent=1)
+    text = markdown(facts, table, versions, args)
+    open(os.path.join(args.results, "threads.md"), "w").write(text + "\n")
+    print(text)
+    for p in plot(args.results, table, versions):
+        print("wrote", p)
+
+
+if __name__ == "__main__":
+    main()

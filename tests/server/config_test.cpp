@@ -265,6 +265,13 @@ TEST(ShippedConfigs, KvServerParses) {
   EXPECT_EQ(c.services[0].dispatch, DispatchPolicy::kLeastLoaded);
 }
 
+TEST(ShippedConfigs, FaceServerParses) {
+  const ServerConfig c = load_server_config(CARACAL_CONFIGS_DIR "/face-server.yaml");
+  ASSERT_EQ(c.destinations.size(), 1u);
+  EXPECT_EQ(c.destinations[0].timeout_ms, 1000u);
+  EXPECT_EQ(c.services[0].max_message_bytes, 8192u);
+}
+
 TEST(ListenerConfig, ErrorReplyMustSayWhereTheReasonGoes) {
   const std::string text = R"(control: { listen: 127.0.0.1:1, secret: 0123456789abcdef }
 services:

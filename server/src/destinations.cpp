@@ -239,8 +239,8 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
 
 }  // namespace
 
-Destinations::Destinations(asio::io_context& io, const std::vector<DestinationConfig>& config,
-                           Engine& engine, Registry& metrics)
+Destinations::Destinations(IoPool& io, const std::vector<DestinationConfig>& config, Engine& engine,
+                           Registry& metrics)
     : io_(io), engine_(engine), metrics_(metrics) {
   for (const DestinationConfig& d : config)
     config_.emplace(d.name, d);
@@ -259,7 +259,7 @@ std::shared_ptr<ClientLink> Destinations::make_link(const std::string& name,
   Result<Codec> codec = Codec::make(c.framing);
   if (!codec.ok())
     throw std::invalid_argument("destination " + name + ": " + codec.status().message());
-  return std::make_shared<TcpClientLink>(io_, c, std::move(codec).value(), std::move(inbox),
+  return std::make_shared<TcpClientLink>(io_.next(), c, std::move(codec).value(), std::move(inbox),
                                          engine_, metrics_);
 }
 

@@ -8,8 +8,15 @@
 // Two batch buffers: the I/O threads fill one while the GPU runs the other; when both are
 // taken, an I/O thread waits (and the kernel's socket buffers take the backlog).
 //
+// Face verification (examples/face_verify): each I/O thread first fetches the request's
+// reference from memcached on its own pipelined connection (common/memcached_client.hpp); when
+// it is in, the request and the reference go into the batch as one item
+// (common/face_items.hpp), and the GPU computes the histograms and the distance, a block per
+// request. Misses and failed fetches go through the batch too, so replies keep request order.
+//
 //   caracal_host_centric_server --handler matvec --udp-port 7000 --tcp-port 7001 --threads 2
 //       --batch 64 --batch-timeout-us 20 --gpu 0
+//   caracal_host_centric_server --handler face --memcached 127.0.0.1:11211 --threads 2
 //
 // Prints "listening udp PORT tcp PORT" once it serves; SIGINT/SIGTERM stop it.
 #include <CLI/CLI.hpp>
@@ -22,6 +29,7 @@
 #include <thread>
 
 #include "caracal/mqueue/layout.hpp"
+#include "face_fetch.hpp"
 #include "frontend.hpp"
 #include "gpu_batch.hpp"
 
@@ -36,6 +44,7 @@ struct BatchOptions {
   size_t data_bytes = 4 << 20;
   int device = 0;
   std::string handler = "echo";
+  uint32_t reply_capacity = 0;  // reply bytes reserved per request; 0: the request's, at least 256
 };
 
 constexpr uint32_t align16(uint32_t n) {
@@ -50,7 +59,9 @@ class Batcher {
   // On an I/O thread: copies the request into the filling batch.
   void submit(const std::byte* data, uint32_t size, ReplyTo to) {
     const uint32_t in_need = align16(size);
-    const uint32_t capacity = std::max<uint32_t>(align16(size), 256);  // room for an error text
+    const uint32_t capacity =
+        o_.reply_capacity != 0 ? o_.reply_capacity
+                               : std::max<uint32_t>(align16(size), 256);  // room for an error text
     std::unique_lock lock(mutex_);
     // Waits while the filling batch has no room (the GPU thread then takes it soon).
     io_cv_.wait(lock, [&] { return stopping_ || fits(sets_[filling_], in_need, capacity); });
@@ -156,7 +167,7 @@ class Batcher {
   uint64_t requests_ = 0;  // GPU thread only
 };
 
-int serve(const Frontend::Options& fo, const BatchOptions& bo) {
+int serve(const Frontend::Options& fo, const BatchOptions& bo, const FaceOptions& face) {
   std::string error;
   auto gpu = make_gpu_batch_runner(bo.handler, bo.device, bo.max_batch, bo.data_bytes, error);
   if (gpu == nullptr) {
@@ -164,9 +175,31 @@ int serve(const Frontend::Options& fo, const BatchOptions& bo) {
     return 1;
   }
   Batcher* batcher = nullptr;
-  Frontend frontend(fo, [&batcher](const std::byte* data, uint32_t size, ReplyTo to) {
+  Frontend::Submit submit = [&batcher](const std::byte* data, uint32_t size, ReplyTo to) {
     batcher->submit(data, size, std::move(to));
-  });
+  };
+  if (bo.handler == "face") {
+    // The fetch first, then the item into the batch (see the top of the file).
+    submit = [&batcher, memcached = face.endpoint(),
+              timeout = std::chrono::milliseconds(face.timeout_ms)](const std::byte* data,
+                                                                    uint32_t size, ReplyTo to) {
+      thread_local std::shared_ptr<MemcachedClient> client;
+      if (!client) client = std::make_shared<MemcachedClient>(executor_of(to), memcached, timeout);
+      auto request = std::make_shared<std::vector<std::byte>>(data, data + size);
+      auto batch = [&batcher, request, to](const Fetch& f) mutable {
+        thread_local std::vector<std::byte> item;
+        make_face_item(request->data(), static_cast<uint32_t>(request->size()), fetched_of(f),
+                       f.value, f.value_bytes, item);
+        batcher->submit(item.data(), static_cast<uint32_t>(item.size()), std::move(to));
+      };
+      if (examples::face::well_formed(data, size)) {
+        client->get(face_key(data, size), std::move(batch));
+      } else {
+        client->after_pending(std::move(batch));
+      }
+    };
+  }
+  Frontend frontend(fo, submit);
   Batcher b(bo, *gpu, frontend.stats());
   batcher = &b;
   std::printf("listening udp %u tcp %u threads %u batch %u timeout_us %ld\n", frontend.udp_port(),
@@ -203,6 +236,7 @@ int main(int argc, char** argv) {
   using namespace caracal::bench::baseline;
   Frontend::Options fo;
   BatchOptions bo;
+  FaceOptions face;
   uint32_t timeout_us = 20;
   uint32_t data_mib = 4;
   CLI::App app{"caracal_host_centric_server: kernel sockets, batches copied to the GPU (baseline)"};
@@ -217,7 +251,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1u, 1024u))
       ->capture_default_str();
   app.add_option("--gpu", bo.device, "CUDA device")->capture_default_str();
+  face.add_to(app);
   CLI11_PARSE(app, argc, argv);
+  if (bo.handler == "face") bo.reply_capacity = 256;  // a verdict or an error, not the request
   bo.timeout = std::chrono::microseconds(timeout_us);
   bo.data_bytes = size_t{data_mib} << 20;
   if (bo.data_bytes < size_t{fo.max_message} + 256) {
@@ -228,7 +264,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return serve(fo, bo);
+    return serve(fo, bo, face);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "caracal_host_centric_server: %s\n", e.what());
     return 1;

@@ -3,17 +3,23 @@
 # kernel with Soft-RoCE (rdma_rxe) configured, so the rdma transport and its tests run against
 # real kernel RDMA (ibverbs + rdma_cm) on a host whose own kernel has none.
 #
-# Usage: rxe-vm.sh [-f FILE]... [-d DIR]... [-e NAME=VALUE]... [-t SECS] [-m MB] [-s CPUS] [-v] [--] [CMD...]
+# Usage: rxe-vm.sh [-f FILE]... [-d DIR]... [-e NAME=VALUE]... [-t SECS] [-m MB] [-s CPUS]
+#                  [-l NETDEV -a IP/LEN] [-c PIPE] [-v] [--] [CMD...]
 #   -f FILE  copy FILE into the VM as /opt/test/<basename>; the shared libraries it needs (ldd)
 #            come along, so binaries built on the host run inside (same glibc)
 #   -d DIR   copy directory DIR into the VM as /opt/test/<basename>; its executables' libraries come along
 #   -e N=V   export N=V in the guest before CMD runs
 #   -t SECS  wall-clock limit for the whole VM run (default 900)
 #   -m MB    guest memory (default 1024);  -s N  guest CPUs (default 2)
+#   -l NETDEV  a virtio NIC (eth0) on this QEMU netdev, e.g. `socket,udp=127.0.0.1:A,localaddr=
+#            127.0.0.1:B` (a link to another VM); with -a, rxe0 sits on it with address IP/LEN
+#            instead of on dummy0
+#   -c PIPE  a control channel: the guest's second serial port (/dev/ttyS1, raw, in env
+#            RXE_VM_CTL) is joined to the host's PIPE.in and PIPE.out (made here as FIFOs)
 #   -v       echo the whole serial console (kernel log included)
 #   CMD      shell command run in the guest (cwd /opt/test, after rxe0 is up on dummy0 with
-#            192.0.2.1/24; env RXE_IP, RXE_DEV, RXE_GID_IDX set). Default: a smoke test
-#            (ibv_devices, ibv_rc_pingpong, rping).
+#            192.0.2.1/24, or on eth0 with -a; env RXE_IP, RXE_DEV, RXE_GID_IDX set). Default: a
+#            smoke test (ibv_devices, ibv_rc_pingpong, rping).
 # Exit status: CMD's exit status inside the guest; 124 = timed out; 125 = VM or harness failure;
 #   77 = a host tool or the kernel package cannot be had (CTest's SKIP_RETURN_CODE).
 # Env: RXE_VM_CACHE      kernel cache (default ${XDG_CACHE_HOME:-$HOME/.cache}/caracal/rxe-vm);
@@ -30,15 +36,17 @@
 # glibc dlopen()s libgcc_s.so.1 for thread cancellation, so it is copied in.
 set -euo pipefail
 CACHE=${RXE_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/caracal/rxe-vm}
-TIMEOUT=900 MEM=1024 SMP=2 VERBOSE=0
+TIMEOUT=900 MEM=1024 SMP=2 VERBOSE=0 LINK= LINK_ADDR= CTL=
 FILES=() DIRS=() ENVS=()
-while getopts "f:d:e:t:m:s:vh" o; do
+while getopts "f:d:e:t:m:s:l:a:c:vh" o; do
   case $o in
     f) FILES+=("$OPTARG");; d) DIRS+=("$OPTARG");; e) ENVS+=("$OPTARG");; t) TIMEOUT=$OPTARG;;
-    m) MEM=$OPTARG;; s) SMP=$OPTARG;; v) VERBOSE=1;;
-    *) sed -n '2,25p' "$0"; exit 125;;
+    m) MEM=$OPTARG;; s) SMP=$OPTARG;; l) LINK=$OPTARG;; a) LINK_ADDR=$OPTARG;; c) CTL=$OPTARG;;
+    v) VERBOSE=1;;
+    *) sed -n '2,32p' "$0"; exit 125;;
   esac
 done
+[ -z "$LINK_ADDR" ] || [ -n "$LINK" ] || { echo "rxe-vm: -a needs -l" >&2; exit 125; }
 shift $((OPTIND-1))
 CMD="${*:-__smoke__}"
 die() { echo "rxe-vm: $*" >&2; exit 125; }
@@ -52,7 +60,7 @@ for t in qemu-system-x86_64 busybox ldd gzip flock cpio ibv_devices rdma dpkg-de
 done
 
 # ---- 1. kernel (cached; pruned to vmlinuz + the modules we need, ~15 MB) ----------------------
-MODS="crc32_generic rdma_rxe rdma_ucm dummy veth"
+MODS="crc32_generic rdma_rxe rdma_ucm dummy veth virtio_pci virtio_net"
 mkdir -p "$CACHE" || die "cannot create cache dir $CACHE"
 exec 9>"$CACHE/.lock"; flock 9            # parallel runs share the cache
 # .ok holds the module list it was prepared for: a changed list prepares the cache again.
@@ -161,6 +169,7 @@ done
   [ "$CMD" = __smoke__ ] || printf '%s\n' "$CMD"
 } > "$R/opt/test/.cmd.sh"
 [ "$CMD" = __smoke__ ] && : > "$R/opt/test/.smoke"
+[ -n "$LINK_ADDR" ] && echo "$LINK_ADDR" > "$R/opt/test/.link"
 echo "root:x:0:0:root:/root:/bin/sh" > "$R/etc/passwd"; echo "root:x:0:" > "$R/etc/group"
 printf '127.0.0.1 localhost\n192.0.2.1 rxehost\n' > "$R/etc/hosts"
 
@@ -172,19 +181,26 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 mkdir -p /dev/pts /dev/shm /root; mount -t devpts devpts /dev/pts; mount -t tmpfs tmp /tmp
 mount -t tmpfs shm /dev/shm
 fail() { echo "RXE_VM_SETUP_FAILED: $*"; dmesg | tail -15; lsmod; ip link; echo "RXE_VM_EXIT_CODE=125"; poweroff -f; }
-for m in crc32_generic rdma_rxe rdma_ucm dummy veth; do modprobe $m || fail "modprobe $m"; done
+for m in crc32_generic rdma_rxe rdma_ucm dummy veth virtio_pci virtio_net; do modprobe $m || fail "modprobe $m"; done
 ip link set lo up
-ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy
-ip addr add 192.0.2.1/24 dev dummy0; ip link set dummy0 up
-export RXE_IP=192.0.2.1 RXE_DEV=rxe0
-rdma link add rxe0 type rxe netdev dummy0 || fail "rdma link add"
+if [ -f /opt/test/.link ]; then      # -a: rxe0 on the link to the other machine
+  NET=eth0 ADDR=$(cat /opt/test/.link)
+  for _ in $(seq 50); do ip link show eth0 >/dev/null 2>&1 && break; sleep 0.1; done
+else
+  NET=dummy0 ADDR=192.0.2.1/24
+  ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy
+fi
+ip addr add $ADDR dev $NET || fail "ip addr add $ADDR dev $NET"; ip link set $NET up
+export RXE_IP=${ADDR%/*} RXE_DEV=rxe0
+[ -c /dev/ttyS1 ] && { stty -F /dev/ttyS1 raw -echo 2>/dev/null; export RXE_VM_CTL=/dev/ttyS1; }
+rdma link add rxe0 type rxe netdev $NET || fail "rdma link add"
 # GID index of the IPv4-mapped RoCEv2 GID (::ffff:a.b.c.d) for RXE_IP
 for i in 0 1 2 3 4 5 6 7 8; do sleep 0.2; g=$(cat /sys/class/infiniband/rxe0/ports/1/gids/$i 2>/dev/null); t=$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$i 2>/dev/null)
   case "$g" in 0000:0000:0000:0000:0000:ffff:*) [ "$t" = "RoCE v2" ] && { export RXE_GID_IDX=$i; break; };; esac; done
 [ -n "${RXE_GID_IDX:-}" ] || fail "no RoCEv2 IPv4 GID"
 ulimit -l unlimited
 cd /opt/test
-echo; echo "RXE_VM_BEGIN kernel=$(uname -r) uptime=$(cut -d' ' -f1 /proc/uptime) dev=dummy0 ip=$RXE_IP gid_idx=$RXE_GID_IDX"
+echo; echo "RXE_VM_BEGIN kernel=$(uname -r) uptime=$(cut -d' ' -f1 /proc/uptime) dev=$NET ip=$RXE_IP gid_idx=$RXE_GID_IDX"
 if [ ! -f /opt/test/.smoke ]; then sh /opt/test/.cmd.sh; RC=$?
 else
   set -x
@@ -209,8 +225,14 @@ LOG=$WORK/console.log
 # -cpu max: every instruction-set extension TCG emulates. The default model (qemu64) lacks
 # SSE4.2 and more, which binaries built for this host may use (Debian's DPDK, linked into
 # snic_server where it is found, stops on an illegal instruction there).
+NIC=(-nic none) SERIAL2=()
+[ -n "$LINK" ] && NIC=(-netdev "$LINK,id=link0" -device virtio-net-pci,netdev=link0,mac=52:54:00:c0:00:02)
+if [ -n "$CTL" ]; then
+  for f in "$CTL.in" "$CTL.out"; do [ -p "$f" ] || mkfifo "$f" || die "cannot make FIFO $f"; done
+  SERIAL2=(-serial "pipe:$CTL")
+fi
 timeout --foreground -k 5 "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$MEM" \
-  -smp "$SMP" -nographic -no-reboot -nic none -monitor none -serial stdio -display none \
+  -smp "$SMP" -nographic -no-reboot "${NIC[@]}" -monitor none -serial stdio "${SERIAL2[@]}" -display none \
   -kernel "$VMLINUZ" -initrd "$WORK/initrd.gz" \
   -append "console=ttyS0 panic=-1 quiet loglevel=3" </dev/null >"$LOG" 2>&1 &
 QPID=$!

@@ -22,9 +22,9 @@ run_packages=(
 )
 test_packages=(
   git clang-format
-  # scripts/package.sh checks the packages it builds with lintian; package-install-check.sh
-  # installs them into a fresh root that mmdebstrap makes.
-  lintian mmdebstrap
+  # scripts/package.sh makes the manual pages with help2man and checks the packages with
+  # lintian; package-install-check.sh installs them into a fresh root that mmdebstrap makes.
+  lintian mmdebstrap help2man
   libgtest-dev libgmock-dev
   # End-to-end tests: unmodified clients, and a memcached for destinations to call.
   memcached libmemcached-tools python3
@@ -33,6 +33,9 @@ test_packages=(
   # provider, perftest's ib_*_lat; zstd unpacks Ubuntu's kernel modules).
   libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdmacm-utils perftest iproute2
   qemu-system-x86 busybox-static zstd
+  # The BlueField topology (tests/bluefield): an arm64 VM (qemu-system-arm) whose root is made
+  # with mmdebstrap under qemu-user (binfmt), reached over ssh.
+  qemu-system-arm qemu-user-static binfmt-support openssh-client
   # The DPDK port (libdpdk-dev on Debian 12 and Ubuntu 24.04 alike; its PMDs, net_tap and
   # net_af_packet among them, come with it) and its end-to-end tests: a veth pair in a network
   # namespace, the kernel side's checksum offload turned off, frames made by python3.

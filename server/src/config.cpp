@@ -69,9 +69,48 @@ constexpr const char* kNoDpdk =
     "this snic_server was built without DPDK (CARACAL_HAVE_DPDK is not set; install "
     "libdpdk-dev and rebuild)";
 
+// The keys that bound a TCP listener's connections: their number, their timeouts, their unsent
+// replies. Refused on UDP listeners, which have no connections.
+void parse_tcp_connection_keys(const Field& f, ListenerConfig& l) {
+  const auto tcp_only = [&](const char* key) -> std::optional<Field> {
+    auto v = f.optional(key);
+    if (v && l.protocol != Protocol::kTcp) {
+      v->fail(std::string(key) + " applies to TCP listeners only (UDP has no connections)");
+    }
+    return v;
+  };
+  constexpr uint64_t kMaxConnections = 1u << 20;
+  if (auto v = tcp_only("max_connections")) {
+    l.max_connections = static_cast<uint32_t>(v->as_uint(1, kMaxConnections));
+  }
+  if (auto v = tcp_only("max_connections_per_address")) {
+    l.max_connections_per_address = static_cast<uint32_t>(v->as_uint(0, kMaxConnections));
+    if (l.max_connections_per_address > l.max_connections) {
+      v->fail("max_connections_per_address (" + std::to_string(l.max_connections_per_address) +
+              ") is above the listener's max_connections (" + std::to_string(l.max_connections) +
+              "): it would never be reached");
+    }
+  }
+  constexpr uint64_t kDayMs = 86'400'000;
+  if (auto v = tcp_only("idle_timeout_ms")) {
+    l.idle_timeout_ms = static_cast<uint32_t>(v->as_uint(0, kDayMs));
+  }
+  if (auto v = tcp_only("request_timeout_ms")) {
+    l.request_timeout_ms = static_cast<uint32_t>(v->as_uint(0, kDayMs));
+  }
+  if (auto v = tcp_only("max_queued_reply_bytes")) {
+    l.max_queued_reply_bytes = static_cast<uint32_t>(v->as_uint(1024, 1u << 30));
+  }
+  if (auto v = tcp_only("send_timeout_ms")) {
+    l.send_timeout_ms = static_cast<uint32_t>(v->as_uint(0, kDayMs));
+  }
+}
+
 ListenerConfig parse_listener(const Field& f, uint32_t max_message_bytes) {
   f.allow_only({"protocol", "kind", "listen", "framing", "error_reply", "max_pipeline",
-                "socket_buffer_bytes"});
+                "socket_buffer_bytes", "max_connections", "max_connections_per_address",
+                "idle_timeout_ms", "request_timeout_ms", "max_queued_reply_bytes",
+                "send_timeout_ms"});
   ListenerConfig l;
   l.protocol = f.required("protocol")
                    .as_choice<Protocol>({{"udp", Protocol::kUdp}, {"tcp", Protocol::kTcp}});
@@ -118,6 +157,7 @@ ListenerConfig parse_listener(const Field& f, uint32_t max_message_bytes) {
     l.socket_buffer_bytes = static_cast<uint32_t>(b->as_uint(4096, 1u << 30));
     l.socket_buffer_set = true;
   }
+  parse_tcp_connection_keys(f, l);
   const auto framing = f.optional("framing");
   if (l.protocol == Protocol::kUdp) {
     if (framing) framing->fail("UDP listeners take no framing: one datagram is one message");

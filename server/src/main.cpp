@@ -5,9 +5,11 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <sys/resource.h>
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+
 #include <csignal>
 #include <functional>
 #include <iostream>
@@ -38,6 +40,25 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, caracal::server::tunables::kMallocTrimThreshold);
   mallopt(M_MMAP_THRESHOLD, caracal::server::tunables::kMallocMmapThreshold);
 #endif
+}
+
+// Each TCP connection is a file descriptor. Service managers give a low soft limit and a high
+// hard one (systemd: 1024 and 524288) and expect a program that needs more, and never calls
+// select(), to raise its own; snic_server uses epoll only.
+void raise_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t was = limit.rlim_cur;
+  if (limit.rlim_cur != limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = was;
+  }
+  if (limit.rlim_cur == was) {
+    spdlog::info("open files: limit {}", static_cast<uint64_t>(limit.rlim_cur));
+  } else {
+    spdlog::info("open files: limit {} (raised from {})", static_cast<uint64_t>(limit.rlim_cur),
+                 static_cast<uint64_t>(was));
+  }
 }
 
 std::string serving_status(const caracal::server::ServerConfig& config) {
@@ -118,6 +139,8 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("snic_server", summary));
   spdlog::set_level(spdlog::level::from_str(level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+
+  raise_file_limit();
 
   // Signals are taken by a signal_set before any thread starts, so every thread inherits the
   // mask Asio sets up and only this io_context sees them.

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <boost/asio/executor_work_guard.hpp>
 
@@ -40,7 +41,8 @@ Server::Server(ServerConfig config, ServerOptions options)
                   "polled, and spun short for the next second: more runnable threads than "
                   "cores"),
               .sleeps = &metrics_.counter("caracal_engine_sleeps_total", engine_sleeps_help())}),
-      io_(config_.io_threads) {
+      io_(config_.io_threads),
+      memory_trim_(io_.main(), metrics_) {
   // engine_threads 0: every I/O thread hosts an engine thread (kMaxEngineThreads leaves room
   // for one per I/O thread).
   if (config_.engine_threads == 0) {
@@ -74,6 +76,26 @@ void Server::warn_if_more_threads_than_cpus() const {
       cpus > config_.engine_threads ? cpus - config_.engine_threads : 1);
 }
 
+void Server::warn_if_connections_exceed_file_limit() const {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  uint64_t connections = 0;
+  for (const ServiceConfig& s : config_.services) {
+    for (const ListenerConfig& l : s.listeners) {
+      if (l.protocol == Protocol::kTcp) connections += l.max_connections;
+    }
+  }
+  if (connections <= limit.rlim_cur) return;
+  // Each connection is a descriptor; past the limit accept() fails (EMFILE), and the listeners
+  // wait and retry while connections queue in their backlog.
+  SPDLOG_WARN(
+      "the TCP listeners take up to {} connections (max_connections), but this process may open "
+      "{} files (RLIMIT_NOFILE, hard limit {}): past about that many, connections wait in the "
+      "listen backlog until others close. Raise the limit (LimitNOFILE= in a systemd unit, "
+      "ulimit -n) or lower max_connections",
+      connections, static_cast<uint64_t>(limit.rlim_cur), static_cast<uint64_t>(limit.rlim_max));
+}
+
 Status Server::start() {
   if (started_) return invalid_argument("server already started");
   started_ = true;
@@ -88,8 +110,14 @@ Status Server::start() {
   for (auto& s : services_) {
     by_name[s->name()] = s.get();
     for (const ListenerConfig& l : s->config().listeners) {
-      ListenerDeps deps{
-          io_, *s, replies_, metrics_, dpdk_.get(), config_.engine_threads == 0, engine_.threads()};
+      ListenerDeps deps{io_,
+                        *s,
+                        replies_,
+                        metrics_,
+                        dpdk_.get(),
+                        config_.engine_threads == 0,
+                        engine_.threads(),
+                        &memory_trim_};
       std::unique_ptr<Listener> listener = make_listener(l, deps);
       CARACAL_RETURN_IF_ERROR(listener->start());
       spdlog::info("service {}: listening on {} (port {})", s->name(), listener->name(),
@@ -109,6 +137,8 @@ Status Server::start() {
                  metrics_server_->port());
   }
   warn_if_more_threads_than_cpus();
+  warn_if_connections_exceed_file_limit();
+  memory_trim_.start();
   engine_.start();
   if (dpdk_) {
     CARACAL_RETURN_IF_ERROR(dpdk_->run());
@@ -163,6 +193,7 @@ void Server::stop() {
       l->close_all();
   }
   if (metrics_server_) metrics_server_->stop();
+  memory_trim_.stop();
   io_.stop();
   for (auto& t : threads_)
     t.join();

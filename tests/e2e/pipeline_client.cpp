@@ -5,6 +5,13 @@
 // replies come back in request order. Requests are framed with a 4-byte big-endian length or
 // end in "\n" (then they are printable random characters).
 //
+// Connections are opened --connect-window at a time (a connect that completes starts the next),
+// so that thousands of them do not overflow the server's accept backlog at once. With
+// --together, no connection sends before every connection is open, and none closes before every
+// connection has its replies: all --connections are open at once while requests flow, and stay
+// open --hold-s seconds more (a line on stdout says when the hold starts, for a script that
+// measures the server then).
+//
 // Exit status: 0 when every reply on every connection was correct; 1 when any was wrong or a
 // connection failed (the first problem of each connection is printed); 2 when --timeout-s ran
 // out with replies still missing (how many is printed). Other codes are usage errors.
@@ -29,6 +36,7 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 
@@ -54,10 +62,15 @@ struct Options {
   // A reply that starts with this text is the server's error reply for that request: counted,
   // not a failure (for runs where requests may fail visibly, such as losing an agent).
   std::string error_prefix;
+  uint32_t connect_window = 512;     // connects in progress at once
+  size_t read_buffer_bytes = 65536;  // each connection's read buffer
+  bool together = false;
+  double hold_s = 0;
 };
 
 constexpr size_t kPrefixBytes = 4;
-constexpr size_t kReadChunk = size_t{64} * 1024;
+// Parsed replies are erased from the input once this many bytes of them have piled up.
+constexpr size_t kInputCompactBytes = size_t{64} * 1024;
 
 std::string hex_byte(unsigned char c) {
   char buf[8];
@@ -83,16 +96,19 @@ std::string describe_difference(const std::string& expected, const std::string& 
   return out;
 }
 
+// What a connection reports to the run: its connect completed (`ok` or not), and it is done
+// (every reply, or a failure). Any thread.
+struct Hooks {
+  std::function<void(bool ok)> on_connected;
+  std::function<void()> on_finish;
+};
+
 // One client connection. All of its handlers run on its own strand; the main thread reads its
 // results only after the io_context threads have been joined.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(net::io_context& io, const Options& options, uint32_t index,
-             std::function<void()> on_finish)
-      : socket_(net::make_strand(io)),
-        options_(options),
-        index_(index),
-        on_finish_(std::move(on_finish)) {
+  Connection(net::io_context& io, const Options& options, uint32_t index, const Hooks& hooks)
+      : socket_(net::make_strand(io)), options_(options), index_(index), hooks_(hooks) {
     // Each connection its own stream of sizes and contents, reproducible from --seed.
     std::seed_seq seq{static_cast<uint32_t>(options.seed),
                       static_cast<uint32_t>(options.seed >> 32), index};
@@ -100,15 +116,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void start(const std::vector<tcp::endpoint>& endpoints) {
-    net::async_connect(
-        socket_, endpoints,
-        [self = shared_from_this()](const error_code& ec, const tcp::endpoint&) {
-          if (ec) return self->fail("connect to " + self->options_.connect + ": " + ec.message());
-          error_code ignored;
-          self->socket_.set_option(tcp::no_delay(true), ignored);
-          self->fill_window();
-          self->read();
-        });
+    net::async_connect(socket_, endpoints,
+                       [self = shared_from_this()](const error_code& ec, const tcp::endpoint&) {
+                         if (ec) {
+                           self->fail("connect to " + self->options_.connect + ": " + ec.message());
+                           self->hooks_.on_connected(false);
+                           return;
+                         }
+                         error_code ignored;
+                         self->socket_.set_option(tcp::no_delay(true), ignored);
+                         self->chunk_.resize(self->options_.read_buffer_bytes);
+                         if (!self->options_.together) self->begin();
+                         self->hooks_.on_connected(true);
+                       });
+  }
+
+  // Starts sending and reading. Any thread: it runs on the connection's strand.
+  void post_begin() {
+    net::post(socket_.get_executor(), [self = shared_from_this()] { self->begin(); });
   }
 
   uint64_t replies() const { return replies_; }
@@ -118,6 +143,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t index() const { return index_; }
 
  private:
+  void begin() {
+    if (done_) return;
+    fill_window();
+    read();
+  }
+
   std::string make_request() {
     std::uniform_int_distribution<uint32_t> size(options_.min_bytes, options_.max_bytes);
     std::string r(size(rng_), '\0');
@@ -239,7 +270,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         return finish();
       }
     }
-    if (in_pos_ > kReadChunk) {
+    if (in_pos_ > kInputCompactBytes) {
       in_.erase(0, in_pos_);
       in_pos_ = 0;
     }
@@ -273,17 +304,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void finish() {
     done_ = true;
-    error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
-    socket_.close(ignored);
-    on_finish_();
+    // With --together a connection that got its replies stays open until the run ends (the
+    // socket closes when the connection is destroyed).
+    if (!error_.empty() || !options_.together) {
+      error_code ignored;
+      socket_.shutdown(tcp::socket::shutdown_both, ignored);
+      socket_.close(ignored);
+    }
+    hooks_.on_finish();
   }
 
   tcp::socket socket_;
   const Options& options_;
   const uint32_t index_;
   std::mt19937_64 rng_;
-  std::function<void()> on_finish_;
+  const Hooks& hooks_;
 
   std::deque<std::string> outstanding_;  // sent (or queued), not yet answered; oldest first
   uint64_t sent_ = 0;
@@ -292,7 +327,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string outbox_;    // framed requests waiting for the running write to finish
   std::string in_write_;  // what the running write sends
   bool writing_ = false;
-  std::array<char, kReadChunk> chunk_{};
+  std::vector<char> chunk_;  // --read-buffer-bytes, once connected
   std::string in_;
   size_t in_pos_ = 0;
   bool done_ = false;
@@ -330,16 +365,44 @@ int run(const Options& options) {
 
   std::atomic<uint32_t> running{options.connections};
   std::promise<void> all_done;
-  const auto on_finish = [&] {
-    if (running.fetch_sub(1) == 1) all_done.set_value();
-  };
   std::vector<std::shared_ptr<Connection>> connections;
+  std::atomic<uint32_t> next_connect{0};
+  std::atomic<uint32_t> connects_done{0};
+  std::atomic<uint32_t> connected{0};
+  std::chrono::steady_clock::time_point start;
+  const auto connect_next = [&] {
+    // Relaxed: a ticket counter; each index is taken once.
+    const uint32_t i = next_connect.fetch_add(1, std::memory_order_relaxed);
+    if (i < connections.size()) connections[i]->start(endpoints);
+  };
+  Hooks hooks;
+  hooks.on_finish = [&] {
+    // acq_rel: the last finisher sees every other connection's results before it releases main.
+    if (running.fetch_sub(1, std::memory_order_acq_rel) == 1) all_done.set_value();
+  };
+  hooks.on_connected = [&](bool ok) {
+    if (ok) connected.fetch_add(1, std::memory_order_relaxed);
+    // acq_rel: the last connect sees every earlier one's count of `connected`.
+    const uint32_t done = connects_done.fetch_add(1, std::memory_order_acq_rel) + 1;
+    if (done == options.connections) {
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("pipeline_client: %u of %u connections open after %.3f s\n",
+                  connected.load(std::memory_order_relaxed), options.connections, s);
+      std::fflush(stdout);
+      if (options.together) {
+        for (auto& c : connections)
+          c->post_begin();
+      }
+    }
+    connect_next();
+  };
   for (uint32_t i = 0; i < options.connections; ++i) {
-    connections.push_back(std::make_shared<Connection>(io, options, i, on_finish));
+    connections.push_back(std::make_shared<Connection>(io, options, i, hooks));
   }
-  const auto start = std::chrono::steady_clock::now();
-  for (auto& c : connections)
-    c->start(endpoints);
+  start = std::chrono::steady_clock::now();
+  for (uint32_t i = 0; i < std::min(options.connect_window, options.connections); ++i)
+    connect_next();
   std::vector<std::thread> threads;
   for (uint32_t t = 0; t < options.threads; ++t)
     threads.emplace_back([&io] { io.run(); });
@@ -349,6 +412,14 @@ int run(const Options& options) {
       std::future_status::ready;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (in_time && options.hold_s > 0) {
+    uint32_t open = 0;
+    for (const auto& c : connections)
+      open += c->failed() ? 0 : 1;
+    std::printf("pipeline_client: holding %u open connections for %.1f s\n", open, options.hold_s);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::duration<double>(options.hold_s));
+  }
   io.stop();
   for (auto& t : threads)
     t.join();
@@ -422,6 +493,15 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "I/O threads")->check(CLI::Range(1u, 256u));
   app.add_option("--error-prefix", o.error_prefix,
                  "replies starting with this text are error replies: counted, not failures");
+  app.add_option("--connect-window", o.connect_window, "connects in progress at once")
+      ->check(CLI::Range(1u, 100000u));
+  app.add_option("--read-buffer-bytes", o.read_buffer_bytes, "each connection's read buffer")
+      ->check(CLI::Range(size_t{64}, size_t{1} << 26));
+  app.add_flag("--together", o.together,
+               "no connection sends before all are open, none closes before all are answered");
+  app.add_option("--hold-s", o.hold_s,
+                 "keep every connection open this long after the last reply (implies --together)")
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
     if (o.min_bytes > o.max_bytes) {
@@ -429,6 +509,7 @@ int main(int argc, char** argv) {
                                                     " is larger than --max-bytes " +
                                                     std::to_string(o.max_bytes));
     }
+    if (o.hold_s > 0) o.together = true;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

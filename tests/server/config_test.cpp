@@ -334,6 +334,79 @@ services:
   }
 }
 
+// The keys that bound a TCP listener's connections: defaults, values, ranges, and refusal on
+// UDP listeners, each error at the listener's line.
+TEST(ListenerConfig, ConnectionLimitsAndTimeouts) {
+  const auto with = [](const std::string& listener) {
+    return std::string(R"(control: { listen: 127.0.0.1:1, secret: 0123456789abcdef }
+services:
+  - name: e
+    max_message_bytes: 64
+    listeners:
+      - )") +
+           listener + "\n";
+  };
+  const auto parse_listener = [&](const std::string& listener) {
+    return parse_server_config(config::load_yaml_text(with(listener), "t.yaml"))
+        .services[0]
+        .listeners[0];
+  };
+  const ListenerConfig d =
+      parse_listener("{ protocol: tcp, listen: 127.0.0.1:1, framing: { kind: line } }");
+  EXPECT_EQ(d.max_connections, ListenerConfig::kDefaultMaxConnections);
+  EXPECT_EQ(d.max_connections, 16384u);
+  EXPECT_EQ(d.max_connections_per_address, 0u);
+  EXPECT_EQ(d.idle_timeout_ms, 300'000u);
+  EXPECT_EQ(d.request_timeout_ms, 30'000u);
+  EXPECT_EQ(d.max_queued_reply_bytes, 1u << 20);
+  EXPECT_EQ(d.send_timeout_ms, 60'000u);
+
+  const ListenerConfig set = parse_listener(
+      "{ protocol: tcp, listen: 127.0.0.1:1, framing: { kind: line }, max_connections: 100, "
+      "max_connections_per_address: 10, idle_timeout_ms: 5000, request_timeout_ms: 2000, "
+      "max_queued_reply_bytes: 65536, send_timeout_ms: 3000 }");
+  EXPECT_EQ(set.max_connections, 100u);
+  EXPECT_EQ(set.max_connections_per_address, 10u);
+  EXPECT_EQ(set.idle_timeout_ms, 5000u);
+  EXPECT_EQ(set.request_timeout_ms, 2000u);
+  EXPECT_EQ(set.max_queued_reply_bytes, 65536u);
+  EXPECT_EQ(set.send_timeout_ms, 3000u);
+
+  // 0 turns a timeout off.
+  const ListenerConfig off = parse_listener(
+      "{ protocol: tcp, listen: 127.0.0.1:1, framing: { kind: line }, idle_timeout_ms: 0, "
+      "request_timeout_ms: 0, send_timeout_ms: 0 }");
+  EXPECT_EQ(off.idle_timeout_ms, 0u);
+  EXPECT_EQ(off.request_timeout_ms, 0u);
+  EXPECT_EQ(off.send_timeout_ms, 0u);
+
+  const std::string tcp = "{ protocol: tcp, listen: 127.0.0.1:1, framing: { kind: line }, ";
+  const std::pair<std::string, const char*> refused[] = {
+      {"{ protocol: udp, listen: 127.0.0.1:1, max_connections: 10 }", "TCP listeners only"},
+      {"{ protocol: udp, listen: 127.0.0.1:1, idle_timeout_ms: 10 }", "TCP listeners only"},
+      {"{ protocol: udp, listen: 127.0.0.1:1, send_timeout_ms: 10 }", "TCP listeners only"},
+      {tcp + "max_connections: 0 }", "max_connections"},
+      {tcp + "max_connections: 2000000 }", "max_connections"},
+      {tcp + "max_connections: 10, max_connections_per_address: 11 }",
+       "above the listener's max_connections (10)"},
+      {tcp + "max_connections_per_address: -1 }", "max_connections_per_address"},
+      {tcp + "idle_timeout_ms: 86400001 }", "idle_timeout_ms"},
+      {tcp + "request_timeout_ms: soon }", "request_timeout_ms"},
+      {tcp + "max_queued_reply_bytes: 100 }", "1024"},
+      {tcp + "max_queued_reply_bytes: 2147483648 }", "max_queued_reply_bytes"},
+      {tcp + "max_connection: 10 }", "max_connections_per_address"},  // a typo lists the keys
+  };
+  for (const auto& [listener, says] : refused) {
+    try {
+      parse_server_config(config::load_yaml_text(with(listener), "t.yaml"));
+      ADD_FAILURE() << "accepted " << listener;
+    } catch (const config::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("t.yaml:6:"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // A server with a DPDK port: its listeners share the port's address and differ by UDP port.
 const char* kDpdk = R"yaml(control: { listen: 127.0.0.1:7100, secret: 0123456789abcdef0123 }
 dpdk:

@@ -33,7 +33,13 @@
 //           listen: 0.0.0.0:7001
 //           framing: { kind: length_prefixed, prefix_bytes: 4, byte_order: big }
 //           error_reply: "ERROR {reason}"   # optional, see ListenerConfig
-//           max_pipeline: 4096              # optional
+//           max_pipeline: 4096              # optional, and the keys below (TCP only)
+//           max_connections: 16384          # open at once on this listener
+//           max_connections_per_address: 0  # from one client address; 0: no limit
+//           idle_timeout_ms: 300000         # nothing in flight and no request: closed
+//           request_timeout_ms: 30000       # from a request's first byte to its last
+//           max_queued_reply_bytes: 1048576 # unsent replies past which reading stops
+//           send_timeout_ms: 60000          # replies not taken by the client: closed
 //         - { protocol: udp, listen: 0.0.0.0:7002, socket_buffer_bytes: 8388608 }  # optional
 //   dpdk:                          # optional: the DPDK port that `kind: dpdk` listeners use
 //     eal_args: [--no-huge, -m, "256", "--vdev=net_af_packet0,iface=veth0", -l, "0-1"]
@@ -73,6 +79,23 @@ struct ListenerConfig {
   std::optional<std::string> error_reply;
   // TCP: requests of one connection read and not yet answered before it stops reading.
   uint32_t max_pipeline = 4096;
+  // TCP: connections open at once on this listener, and from one client address (0: no limit
+  // per address). A connection past either is closed as it is accepted, logged and counted.
+  static constexpr uint32_t kDefaultMaxConnections = 16384;
+  uint32_t max_connections = kDefaultMaxConnections;
+  uint32_t max_connections_per_address = 0;
+  // TCP: a connection with nothing in flight that sends no complete request for this long is
+  // closed (0: never).
+  uint32_t idle_timeout_ms = 300'000;
+  // TCP: a request must be whole within this long of its first byte, or the connection closes
+  // (after an error reply, with error_reply). 0: no limit.
+  uint32_t request_timeout_ms = 30'000;
+  // TCP: replies framed and not yet taken by the kernel, per connection, from which the
+  // connection stops reading until they drain below it.
+  uint32_t max_queued_reply_bytes = 1u << 20;
+  // TCP: a connection whose replies make no progress into the kernel for this long is closed
+  // (the client reads nothing). 0: no limit.
+  uint32_t send_timeout_ms = 60'000;
   // UDP (Asio): SO_RCVBUF and SO_SNDBUF asked for on each socket. The kernel caps them at
   // net.core.rmem_max and wmem_max; a value set here that the kernel cuts is logged as a warning.
   // The Linux default (about 208 KiB) holds only a dozen 16 KiB datagrams, so a burst of large

@@ -16,6 +16,7 @@
 #include "caracal/server/dispatch.hpp"
 #include "caracal/server/front/dpdk_port.hpp"
 #include "caracal/server/front/listeners.hpp"
+#include "caracal/server/memory_trim.hpp"
 #include "caracal/server/metrics/metrics.hpp"
 #include "caracal/server/mqueue_manager/engine.hpp"
 #include "caracal/server/reply_routing.hpp"
@@ -55,6 +56,9 @@ class Server {
   // A warning in the log when the I/O threads and engine threads outnumber the CPUs the
   // process may run on (its affinity mask: taskset, a cpuset).
   void warn_if_more_threads_than_cpus() const;
+  // A warning in the log when the TCP listeners' max_connections add up to more than the
+  // process may open files (RLIMIT_NOFILE).
+  void warn_if_connections_exceed_file_limit() const;
 
   ServerConfig config_;
   ServerOptions options_;
@@ -65,6 +69,7 @@ class Server {
   Engine engine_;
   std::vector<std::unique_ptr<Service>> services_;
   IoPool io_;
+  MemoryTrim memory_trim_;  // on io_'s first context; the listeners' connections report to it
   std::unique_ptr<Destinations> destinations_;
   std::unique_ptr<DpdkPort> dpdk_;  // with a `dpdk:` section; its listeners refer to it
   std::map<std::string, std::vector<std::unique_ptr<Listener>>> listeners_;

@@ -108,6 +108,30 @@ static_assert(kUdpReceiveBatch <= 1024 && kUdpSendBatch <= 1024);
 // TCP (listeners and destinations): a connection's read buffer holds its largest message, its
 // framing, and this much more, so that a stream of small messages is read in large reads.
 inline constexpr size_t kStreamReadSlack = 64 * 1024;
+// TCP listeners: a connection's read buffer starts this small, allocated at its first read, and
+// doubles (up to the size above) when a read fills it or a message does not fit. Most clients
+// send requests far smaller than the largest, and thousands of connections each holding the
+// largest buffer is what a server's memory goes to. A page: the kernel hands a read no more
+// than it has, and the next read grows the buffer if it came full.
+inline constexpr size_t kTcpReadInitial = 4096;
+// After this many reads in a row that each took at most a quarter of kTcpReadInitial, a
+// connection whose buffer grew and is empty goes back to kTcpReadInitial: a burst's buffer is
+// not held for the rest of a quiet connection's life, and one busy stream does not give its
+// buffer back between two reads.
+inline constexpr uint32_t kTcpReadShrinkAfter = 8;
+// TCP (listeners and destinations): a write buffer larger than this is freed once written,
+// rather than kept for the next replies: a burst of replies is not held by a connection that
+// then goes quiet.
+inline constexpr size_t kStreamWriteKeep = 16 * 1024;
+// TCP listeners: the wait before accepting again after accept() failed for want of descriptors
+// or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM); the connection waits in the listen backlog
+// meanwhile. Retrying at once would spin a core on the same failure.
+inline constexpr std::chrono::milliseconds kAcceptRetry = 100ms;
+// TCP listeners: accept failures are logged at most once per this interval each, with how many
+// there were since the last line.
+inline constexpr std::chrono::seconds kAcceptFailureLogInterval = 5s;
+static_assert(kTcpReadInitial <= kStreamReadSlack,
+              "the first read buffer is no larger than the slack");
 
 // DPDK, with `idle_sleep_us` set: empty polls before a worker sleeps, and the timer slack it
 // asks for. Its sleeps are microseconds; the kernel's default slack (50 us) would stretch each.
@@ -174,5 +198,12 @@ inline constexpr int kMallocTrimThreshold = 64 << 20;
 inline constexpr int kMallocMmapThreshold = 1 << 20;
 // glibc ignores an M_MMAP_THRESHOLD above 32 MiB (HEAP_MAX_SIZE / 2 on 64-bit).
 static_assert(kMallocMmapThreshold <= 32 << 20 && kMallocMmapThreshold < kMallocTrimThreshold);
+// What the threshold above keeps is what a burst of closed connections leaves free, too. So
+// every kTrimPeriod the server looks whether at least kTrimAfterCloses connections closed since
+// it last gave memory back, and if so calls malloc_trim() (memory_trim.hpp). A burst of closes
+// is rare next to requests, so the pages faulted in again afterwards cost nothing that shows;
+// steady traffic with few closes never trims.
+inline constexpr std::chrono::milliseconds kTrimPeriod = 1000ms;
+inline constexpr uint64_t kTrimAfterCloses = 64;
 
 }  // namespace caracal::server::tunables

@@ -15,10 +15,14 @@
 //
 // TCP: per-listener framing (framing.hpp). Each connection keeps its requests in order: it
 // numbers them, and replies (which may come back out of order from different queues) leave in
-// that order. Accepted connections go to the I/O threads in turn. A connection stops reading when
-// it has max_pipeline requests unanswered, or when the service's queues are congested
-// (backpressure), and resumes when there is room again. Malformed or oversize input closes that
-// connection, with the reason logged (after an error reply if the listener has error_reply).
+// that order. Accepted connections go to the I/O threads in turn; one past the listener's
+// max_connections or max_connections_per_address is closed at accept. A connection stops reading
+// when it has max_pipeline requests unanswered, when max_queued_reply_bytes of its replies are
+// unsent, or when the service's queues are congested (backpressure), and resumes when there is
+// room again. Malformed or oversize input closes that connection, with the reason logged (after
+// an error reply if the listener has error_reply); so do a request that takes longer than
+// request_timeout_ms, replies the client leaves untaken for send_timeout_ms, and
+// idle_timeout_ms with nothing asked.
 //
 // DPDK (`kind: dpdk`, dpdk_port.hpp): UDP on the server's DPDK port, with the same dispatch,
 // replies, counters and drop reasons as the Asio UDP listener.
@@ -40,6 +44,7 @@ namespace caracal::server {
 
 class Service;
 class DpdkPort;
+class MemoryTrim;
 
 class Listener {
  public:
@@ -65,6 +70,8 @@ struct ListenerDeps {
   bool engine_hosted = false;
   // The engine's threads (Engine::threads()): every reply sink has a lane for each.
   uint32_t engine_threads = 1;
+  // Told of every TCP connection that closes, to give their memory back (may be null).
+  MemoryTrim* memory_trim = nullptr;
 };
 
 std::unique_ptr<Listener> make_listener(const ListenerConfig& config, const ListenerDeps& deps);

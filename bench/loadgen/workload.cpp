@@ -52,7 +52,8 @@ std::string check_sizes(HandlerKind kind, const std::vector<SizeWeight>& sizes) 
   return {};
 }
 
-Workload::Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed)
+Workload::Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed,
+                   uint32_t matvec_rounds)
     : kind_(kind), sizes_(std::move(sizes)), seed_(seed) {
   std::vector<double> weights;
   std::mt19937_64 rng(seed);
@@ -68,7 +69,7 @@ Workload::Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t see
           const float f = value(rng);
           std::memcpy(e.request.data() + i * sizeof(float), &f, sizeof(float));
         }
-        e.expected = examples::matvec_reference(e.request.data(), s.bytes);
+        e.expected = examples::matvec_reference(e.request.data(), s.bytes, matvec_rounds);
       } else {
         for (std::byte& b : e.request)
           b = static_cast<std::byte>(rng() & 0xFF);

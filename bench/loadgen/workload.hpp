@@ -10,8 +10,8 @@
 //    message; the reply must be the same bytes. A reply carrying an earlier id of the same slot
 //    is late (a UDP reply after its timeout), not wrong.
 //  - matvec: pool entry (sequence % kPoolPerSize); the reply must match that entry's reference
-//    output to the tolerance of matvec_close. A reply that matches the entry of the slot's
-//    previous request instead is late.
+//    output (with the handler's rounds) to the tolerance of matvec_close. A reply that matches the
+//    entry of the slot's previous request instead is late.
 #pragma once
 
 #include <cstddef>
@@ -44,7 +44,10 @@ class Workload {
  public:
   static constexpr uint32_t kPoolPerSize = 16;
 
-  Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed);
+  // matvec_rounds: the rounds the matvec handler serves with (matvec.hpp); replies are checked
+  // against the reference with as many.
+  Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed,
+           uint32_t matvec_rounds = 1);
 
   HandlerKind kind() const { return kind_; }
   uint32_t max_bytes() const { return max_bytes_; }

@@ -250,20 +250,24 @@ def loss_section(run, md):
                "unanswered": c.get("unanswered"), "connection_errors": c.get("connection_errors"),
                "killed_at_s": k}
     if k is not None:
-        # Mean rates before the kill (after the first interval) and after it (from one interval
-        # past the kill to the end), per agent and in total.
+        # Mean rates before the kill (after the first intervals) and after it (from a little past
+        # the kill to the end of the load), per agent and in total.
         def mean(vals):
             return sum(vals) / len(vals) if vals else None
-        before_total = mean([r["replies_rps"] for r in lt["rows"] if 0.2 <= r["t"] < k - 0.1])
-        after_total = mean([r["replies_rps"] for r in lt["rows"][:-1] if r["t"] >= k + 0.2])
+        end = run["params"]["loss_duration_s"]
+        step = lt_step(lt)
+        before_total = mean([r["replies_rps"] for r in lt["rows"] if 0.2 <= r["t"] < k - step])
+        after_total = mean([r["replies_rps"] for r in lt["rows"]
+                            if k + 2 * step <= r["t"] <= end - step])
         md.append("| | before the kill, k req/s | after it, k req/s |")
         md.append("| --- | --- | --- |")
         md.append(f"| all replies (loadgen) | {krps(before_total)} | {krps(after_total)} |")
         summary["before_rps"], summary["after_rps"] = before_total, after_total
         summary["agents"] = {}
         for a, s in lt["agents"].items():
-            b = mean([v for t, v in s if 0.2 <= t < k - 0.1])
-            af = mean([v for t, v in s[:-1] if t >= k + 0.3])
+            # A sample's rate covers the interval that ends at its t.
+            b = mean([v for t, v in s if 0.2 + step <= t < k])
+            af = mean([v for t, v in s if k + 2 * step <= t - step and t <= end])
             md.append(f"| {a} (answered) | {krps(b)} | {krps(af)} |")
             summary["agents"][a] = {"before_rps": b, "after_rps": af}
         md.append("")

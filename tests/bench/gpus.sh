@@ -60,7 +60,7 @@ for n in (1, 2):
         served = found[0].get("answered_by_agent") or {}
         if sorted(served) != [f"acc{i}" for i in range(n)] or min(served.values()) <= 0:
             problems.append(f"scaling {n} {proto}: agents answered {served}")
-    if len(find(experiment="scaling", accelerators=n, kind="open-0.5")) != 1:
+    if len(find(experiment="scaling", accelerators=n, kind="open-0.1")) != 1:
         problems.append(f"scaling {n}: no open-loop point")
 if [r["accelerators"] for r in run.get("scaling", []) if r["proto"] == "udp"] != [1, 2]:
     problems.append(f"scaling table: {run.get('scaling')}")

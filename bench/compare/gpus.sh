@@ -42,7 +42,7 @@
 # cpu.burst: 1, so that a reply is published as soon as it is made, not after a burst of slow
 # requests), BATCH (64), BATCH_TIMEOUT_US (20), DISPATCH (least_loaded), SAT_CONNECTIONS (16; 2),
 # SAT_WINDOW (16; 4), LOADGEN_THREADS (8; 2), DURATION (1.5; 0.4), WARMUP (0.5; 0.2),
-# OPEN_FRACTIONS ("0.25 0.5 0.75 0.9"; "0.5"), SLOW_DELAY_US (1000; 2000), LOSS_DURATION (3; 1.6),
+# OPEN_FRACTIONS ("0.25 0.5 0.75 0.9"; "0.1"), SLOW_DELAY_US (1000; 2000), LOSS_DURATION (3; 1.6),
 # LOSS_KILL_AT (1.5; 0.8), SAMPLE_MS (100), EXPERIMENTS ("scaling unequal loss").
 set -uo pipefail
 
@@ -277,9 +277,7 @@ point() {
   [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
 }
 
-sat_args() {
-  echo --connections "$SAT_CONNECTIONS" --window "$SAT_WINDOW" --threads "$LOADGEN_THREADS"
-}
+SAT=(--connections "$SAT_CONNECTIONS" --window "$SAT_WINDOW" --threads "$LOADGEN_THREADS")
 
 # saturation_rps NAME: throughput of a saturation point's JSON.
 saturation_rps() {
@@ -301,13 +299,13 @@ if has "$EXPERIMENTS" scaling; then
         start_host_centric "scaling-host_centric-n$n" "$n" || { FAILED=$((FAILED + 1)); stop_servers; continue; }
       fi
       for proto in $PROTOS; do
-        point scaling "$server" "$n" "$proto" saturation "$policy" $(sat_args)
+        point scaling "$server" "$n" "$proto" saturation "$policy" "${SAT[@]}"
         [ "$proto" = udp ] || continue
         sat=$(saturation_rps "scaling-$server-n$n-$proto-saturation${policy:+-$policy}")
         [ -n "$sat" ] && awk -v s="$sat" 'BEGIN { exit !(s > 10) }' || continue
         for f in $OPEN_FRACTIONS; do
           rate=$(awk -v s="$sat" -v f="$f" 'BEGIN { printf "%d", s * f }')
-          point scaling "$server" "$n" "$proto" "open-$f" "$policy" --mode open --rate "$rate" $(sat_args)
+          point scaling "$server" "$n" "$proto" "open-$f" "$policy" --mode open --rate "$rate" "${SAT[@]}"
         done
       done
       stop_servers
@@ -320,7 +318,7 @@ if has "$EXPERIMENTS" unequal && [ "$GPUS" -ge 2 ]; then
   for policy in round_robin least_loaded; do
     log "== unequal: 2 agents, the second slowed by $SLOW_DELAY_US us per request, $policy"
     start_caracal "unequal-$policy" 2 "$policy" slow || { FAILED=$((FAILED + 1)); stop_servers; continue; }
-    point unequal caracal 2 udp saturation "$policy" $(sat_args)
+    point unequal caracal 2 udp saturation "$policy" "${SAT[@]}"
     stop_servers
   done
 fi
@@ -341,7 +339,7 @@ if has "$EXPERIMENTS" loss && [ "$GPUS" -ge 2 ]; then
     # Unanswered requests fail the point (--strict): every request must get a reply or an error
     # reply. The measured window is the whole run (no warm-up).
     ON_LOAD_START=kill_victim WARMUP=0 DURATION=$LOSS_DURATION point loss caracal \
-      "$LOSS_AGENTS" tcp closed "$DISPATCH" $(sat_args) --error-prefix "ERROR " \
+      "$LOSS_AGENTS" tcp closed "$DISPATCH" "${SAT[@]}" --error-prefix "ERROR " \
       --timeline-ms "$SAMPLE_MS" --strict --timeout-ms 10000
     sleep 0.3
     kill -TERM "$sampler" 2>/dev/null

@@ -14,7 +14,7 @@ command -v python3 >/dev/null || { echo "python3 is missing (scripts/deps.sh tes
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-if ! CARACAL_COMMIT=test "$SRC/bench/compare/gpus.sh" "$BUILD" "$WORK/out" --cpu-only \
+if ! CARACAL_COMMIT=ci-smoke "$SRC/bench/compare/gpus.sh" "$BUILD" "$WORK/out" --cpu-only \
   >"$WORK/run.log" 2>&1; then
   cat "$WORK/run.log"
   echo "FAIL: gpus.sh exited non-zero"

@@ -183,7 +183,7 @@ def low_load_rounds(run):
 def markdown(run):
     pts = run["points"]
     servers = run["servers"].split()
-    sizes = [int(s) for s in run["params"]["sizes"].split()]
+    all_sizes = [int(s) for s in run["params"]["sizes"].split()]
     lines = []
     title = "# Caracal against the baselines"
     lines.append(title)
@@ -240,7 +240,11 @@ def markdown(run):
                              + f" | **{f1(g['median'])}** |")
         lines.append("")
 
-    for handler in ("echo", "matvec"):
+    handlers = [h for h in ("echo", "matvec", "face") if any(q.get("handler") == h for q in pts)]
+    for handler in handlers:
+        # face has one request size, whatever SIZES says
+        sizes = sorted({q["size"] for q in pts if q.get("handler") == handler
+                        and q.get("kind") in ("latency", "saturation")}) or all_sizes
         lines.append(f"## {handler}: latency at low load (1 connection, window 1), us")
         lines.append("")
         head = "| proto | size | " + " | ".join(f"{s} p50 | {s} p99 | {s} p99.9" for s in servers) + " |"
@@ -276,6 +280,34 @@ def markdown(run):
                     mark = " (errors)" if bad else ""
                     row += [f"{k:.1f}{mark}", f"{c:.2f}", f"{k / c:.1f}" if c > 0 else "-"]
                 lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+
+    # Face verification against the host-centric server: saturation, cores, and every server's
+    # latency at the host-centric server's saturation rate (open loop, kind open-at-host_centric).
+    ref = "host_centric"
+    if "face" in handlers and ref in servers and "caracal" in servers:
+        lines.append("## face: Caracal against the host-centric server")
+        lines.append("")
+        lines.append("| proto | caracal kreq/s | caracal cores | host_centric kreq/s | "
+                     "host_centric cores | throughput ratio | per-core ratio | "
+                     + " | ".join(f"{s} p99 us at host_centric's saturation" for s in servers)
+                     + " |")
+        lines.append("|" + "---|" * (7 + len(servers)))
+        for proto in ("udp", "tcp"):
+            c = find(pts, server="caracal", handler="face", proto=proto, kind="saturation")
+            h = find(pts, server=ref, handler="face", proto=proto, kind="saturation")
+            if not c or not h or "throughput_rps" not in c or "throughput_rps" not in h:
+                continue
+            ck, hk = c["throughput_rps"] / 1000, h["throughput_rps"] / 1000
+            cc, hc = c.get("cpu_cores") or 0, h.get("cpu_cores") or 0
+            per_core = f"{(ck / cc) / (hk / hc):.2f}x" if cc > 0 and hc > 0 and hk > 0 else "-"
+            row = [proto, f"{ck:.1f}", f"{cc:.2f}", f"{hk:.1f}", f"{hc:.2f}",
+                   f"{ck / hk:.2f}x" if hk > 0 else "-", per_core]
+            for s in servers:
+                q = find(pts, server=s, handler="face", proto=proto, kind=f"open-at-{ref}")
+                lat = (q or {}).get("latency") or {}
+                row.append(us(lat.get("p99_ns")))
+            lines.append("| " + " | ".join(row) + " |")
         lines.append("")
 
     sats = [q for q in pts if q.get("kind") == "saturation" and q.get("threads")]

@@ -14,8 +14,14 @@
 #                 requests or $BATCH_TIMEOUT_US us, one copy / launch / copy back per batch
 #                 (left out with --cpu-only, or when the build has no CUDA)
 #   cpu           caracal_cpu_server: the handler inline on $THREADS I/O threads
-# Handlers: echo and matvec (examples/). Sizes: $SIZES. For each server, handler, size and
-# protocol:
+# Handlers: echo, matvec and face (examples/; face where memcached is found). Sizes: $SIZES;
+# face requests are 4104 bytes (a person id and a 64x64 image). For face the run starts a
+# memcached of its own ($MEMCACHED, or memcached from PATH; $MEMCACHED_THREADS threads) and
+# stores $FACE_PERSONS references in it with caracal_face_loader; every server fetches from it
+# (Caracal through client queues, one per agent queue; the baselines over a connection per I/O
+# thread), and with the host-centric server in the run every server is measured again at the
+# host-centric server's face saturation rate (open loop, kind open-at-host_centric). For each
+# server, handler, size and protocol:
 #   latency     closed loop, 1 connection, window 1
 #   saturation  closed loop, $SAT_CONNECTIONS connections x window $SAT_WINDOW
 #   load steps  open loop at $OPEN_FRACTIONS of the saturation throughput (sizes $OPEN_SIZES)
@@ -47,7 +53,8 @@
 # or auto; unset: the key is left out and the agent's default applies, on for a GPU over shm),
 # TX_LINES (the agent's tx_lines, the same way),
 # AGENT_RING_CAPACITY (the agent's ring_capacity, 512 slots of 256 bytes), ENGINE_THREADS_ALT
-# (caracal_threads' engine_threads, 2), LOW_LOAD_ROUNDS (5; 0: none), LOW_LOAD_SERVERS (those of
+# (caracal_threads' engine_threads, 2), FACE_PERSONS (10000), MEMCACHED, MEMCACHED_THREADS (4),
+# FACE_TIMEOUT_MS (the memcached timeout of every server, 1000), LOW_LOAD_ROUNDS (5; 0: none), LOW_LOAD_SERVERS (those of
 # "caracal cpu" in SERVERS), PERF (a perf binary: each saturation point also samples the server's
 # processes with `perf record -g` over the measured window and keeps the flat profile, per
 # thread name, shared object and symbol, as raw/NAME-perf.txt), HOLD_TO (a server of SERVERS:
@@ -87,7 +94,18 @@ BATCH_TIMEOUT_US=${BATCH_TIMEOUT_US:-20}
 AGENT_QUEUES=${AGENT_QUEUES:-8}
 LOADGEN_ARGS=${LOADGEN_ARGS:-}
 ENGINE_THREADS=${ENGINE_THREADS:-}
-HANDLERS=${HANDLERS:-"echo matvec"}
+FACE_PERSONS=${FACE_PERSONS:-10000}
+MEMCACHED_THREADS=${MEMCACHED_THREADS:-4}
+FACE_TIMEOUT_MS=${FACE_TIMEOUT_MS:-1000}
+FACE_SIZE=4104
+MEMCACHED=${MEMCACHED:-$(command -v memcached || true)}
+if [ -z "${HANDLERS:-}" ]; then
+  HANDLERS="echo matvec face"
+  if [ -z "$MEMCACHED" ]; then
+    echo "run.sh: no memcached (set MEMCACHED or install it); face is left out" >&2
+    HANDLERS="echo matvec"
+  fi
+fi
 LOW_LOAD_ROUNDS=${LOW_LOAD_ROUNDS:-5}
 MAX_MESSAGE=16384
 if [ "$CPU_ONLY" -eq 1 ]; then
@@ -101,10 +119,25 @@ CPU_SERVER="$BUILD/bench/baselines/caracal_cpu_server"
 HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
 SNIC=${SNIC:-"$BUILD/server/snic_server"}
 declare -A AGENT=([echo]="$BUILD/examples/echo/caracal_echo_agent"
-                  [matvec]="$BUILD/examples/matvec/caracal_matvec_agent")
-for bin in "$LOADGEN" "$CPU_SERVER" "$SNIC" "${AGENT[echo]}" "${AGENT[matvec]}"; do
+                  [matvec]="$BUILD/examples/matvec/caracal_matvec_agent"
+                  [face]="$BUILD/examples/face_verify/caracal_face_agent")
+FACE_LOADER="$BUILD/examples/face_verify/caracal_face_loader"
+for bin in "$LOADGEN" "$CPU_SERVER" "$SNIC"; do
   [ -x "$bin" ] || { echo "run.sh: $bin is missing (build the benchmarks first)" >&2; exit 2; }
 done
+for h in $HANDLERS; do
+  [ -n "${AGENT[$h]:-}" ] || { echo "run.sh: no handler '$h' (echo, matvec, face)" >&2; exit 2; }
+  [ -x "${AGENT[$h]}" ] || { echo "run.sh: ${AGENT[$h]} is missing (build it first)" >&2; exit 2; }
+done
+case " $HANDLERS " in
+  *" face "*)
+    for bin in "$FACE_LOADER" "$MEMCACHED"; do
+      [ -x "$bin" ] || { echo "run.sh: face needs $bin (build it, or set MEMCACHED)" >&2; exit 2; }
+    done
+    ;;
+esac
+# sizes_of HANDLER: the request sizes a handler is measured at.
+sizes_of() { if [ "$1" = face ]; then echo "$FACE_SIZE"; else echo "$SIZES"; fi; }
 if [ -z "${SERVERS:-}" ]; then
   SERVERS="caracal cpu"
   if [ "$CPU_ONLY" -eq 0 ]; then
@@ -156,7 +189,9 @@ stop_servers() {
 }
 HOLD_CG=
 HOLDING=0
-trap 'stop_servers; hold_remove' EXIT
+MC_PID=
+MC_PORT=
+trap 'stop_servers; hold_remove; [ -z "$MC_PID" ] || kill -KILL "$MC_PID" 2>/dev/null' EXIT
 
 log() { echo "[$(($(date +%s) - T0))s] $*" >&2; }
 
@@ -207,6 +242,34 @@ threads_json() {
     END { printf "{%s}", s }' <(printf '%s\n' "$1") <(printf '%s\n' "$2")
 }
 
+# client_queues HANDLER: the agent's client queues, one per queue (each worker then calls
+# memcached on its own; face only).
+client_queues() {
+  [ "$1" = face ] || return 0
+  local q out=""
+  for q in $(seq "$AGENT_QUEUES"); do out="$out${out:+, }{ destination: memcached }"; done
+  echo ", client_queues: [ $out ]"
+}
+
+# start_memcached: the face references' memcached (MC_PORT, MC_PID), loaded with FACE_PERSONS
+# references.
+start_memcached() {
+  local as_user=()
+  [ "$(id -u)" -eq 0 ] && as_user=(-u nobody)
+  MC_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$MEMCACHED" "${as_user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m 1024 -c 4096 \
+    -t "$MEMCACHED_THREADS" >"$RAW/memcached.log" 2>&1 &
+  MC_PID=$!
+  local _
+  for _ in $(seq 100); do
+    "$FACE_LOADER" --memcached "127.0.0.1:$MC_PORT" --persons "$FACE_PERSONS" \
+      >"$RAW/face-loader.log" 2>&1 && { log "memcached on $MC_PORT: $(cat "$RAW/face-loader.log")"; return 0; }
+    sleep 0.1
+  done
+  echo "run.sh: memcached did not start or take the references (raw/memcached.log, raw/face-loader.log)" >&2
+  return 1
+}
+
 # start_server SERVER HANDLER: starts it; sets UDP_PORT, TCP_PORT and SERVER_PIDS (and, for
 # snic_server, METRICS_PORT).
 start_server() {
@@ -230,6 +293,8 @@ services:
     listeners:
       - { protocol: udp, listen: 127.0.0.1:0 }
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
+$([ "$handler" = face ] && echo "destinations:
+  - { name: memcached, connect: 127.0.0.1:$MC_PORT, framing: { kind: memcached }, max_message_bytes: 8192, timeout_ms: $FACE_TIMEOUT_MS }")
 YAML
       launch "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
       local spid=$!
@@ -251,7 +316,7 @@ cpu: { workers: ${CPU_WORKERS:-1} }
 $([ "${CARACAL_ACCEL#gpu}" != "$CARACAL_ACCEL" ] && echo "gpu: { workers: ${GPU_WORKERS:-0} }")
 reconnect_interval_ms: 100
 services:
-  - { name: $handler, queues: $AGENT_QUEUES, ring_capacity: ${AGENT_RING_CAPACITY:-512}, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE${RX_LINES:+, rx_lines: $RX_LINES}${TX_LINES:+, tx_lines: $TX_LINES} }
+  - { name: $handler, queues: $AGENT_QUEUES, ring_capacity: ${AGENT_RING_CAPACITY:-512}, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE${RX_LINES:+, rx_lines: $RX_LINES}${TX_LINES:+, tx_lines: $TX_LINES}$(client_queues "$handler") }
 YAML
       launch "${AGENT[$handler]}" --config "$log-agent.yaml" >"$log-agent.log" 2>&1 &
       local apid=$!
@@ -266,6 +331,8 @@ YAML
         bin=$HC_SERVER
         extra=(--batch "$BATCH" --batch-timeout-us "$BATCH_TIMEOUT_US" --gpu 0)
       fi
+      [ "$handler" = face ] &&
+        extra+=(--memcached "127.0.0.1:$MC_PORT" --memcached-timeout-ms "$FACE_TIMEOUT_MS")
       ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} \
         "$bin" --handler "$handler" --threads "$THREADS" --max-message-bytes $MAX_MESSAGE \
         "${extra[@]}" >"$log-server.log" 2>&1 &
@@ -321,8 +388,10 @@ point() {
   t0=$(ticks)
   p0=$(ticks "${SERVER_PIDS[0]}")
   w0=$(date +%s.%N)
+  local face_args=()
+  [ "$handler" = face ] && face_args=(--face-persons "$FACE_PERSONS")
   ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} \
-    "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
+    "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" "${face_args[@]}" \
     --warmup "$WARMUP" --duration "$DURATION" --json "$RAW/$name.json" --label "$name" \
     $LOADGEN_ARGS "$@" \
     >"$RAW/$name.out" 2>&1 &
@@ -422,6 +491,9 @@ if [ -n "${HOLD_TO:-}" ]; then
 fi
 
 FAILED=0
+case " $HANDLERS " in
+  *" face "*) start_memcached || exit 1 ;;
+esac
 # Echo at low load, LOW_LOAD_ROUNDS times (see the top): a fresh server each round, the order
 # of the servers turned round every other round.
 if [ "$LOW_LOAD_ROUNDS" -gt 0 ] && [ -n "$LOW_LOAD_SERVERS" ]; then
@@ -451,7 +523,7 @@ for handler in $HANDLERS; do
       continue
     fi
     for proto in udp tcp; do
-      for size in $SIZES; do
+      for size in $(sizes_of "$handler"); do
         point "$server" "$handler" "$proto" "$size" latency --connections 1 --window 1
         point "$server" "$handler" "$proto" "$size" saturation --connections "$SAT_CONNECTIONS" \
           --window "$SAT_WINDOW" --threads "$LOADGEN_THREADS"
@@ -479,13 +551,31 @@ for handler in $HANDLERS; do
   done
 done
 
+# Face at the host-centric server's saturation rate: every server at the same offered load.
+case " $HANDLERS :$SERVERS " in
+  *" face "*" host_centric"*)
+    for server in $SERVERS; do
+      start_server "$server" face || { FAILED=$((FAILED + 1)); stop_servers; continue; }
+      for proto in udp tcp; do
+        sat=$(sed -nE 's/^ *"throughput_rps": ([0-9.]+).*/\1/p' \
+          "$RAW/host_centric-face-$proto-$FACE_SIZE-saturation.json" 2>/dev/null | head -1)
+        [ -n "$sat" ] || continue
+        point "$server" face "$proto" "$FACE_SIZE" open-at-host_centric --mode open \
+          --rate "$(awk -v s="$sat" 'BEGIN { printf "%d", s }')" --connections "$SAT_CONNECTIONS" \
+          --window "$SAT_WINDOW" --threads "$LOADGEN_THREADS"
+      done
+      stop_servers
+    done
+    ;;
+esac
+
 # Caracal held to HOLD_TO's cores (see the top), a fresh server per point.
 if [ -n "${HOLD_TO:-}" ]; then
   log "== caracal held to the cores of $HOLD_TO: $HOLD_CG (cgroup v$HOLD_V)," \
     "period $HOLD_PERIOD_US us"
   for handler in $HANDLERS; do
     for proto in udp tcp; do
-      for size in $SIZES; do
+      for size in $(sizes_of "$handler"); do
         want="\"server\":\"$HOLD_TO\",\"handler\":\"$handler\",\"proto\":\"$proto\",\"size\":$size"
         ref=$(grep -F "$want,\"kind\":\"saturation\"," "$POINTS" |
           sed -nE 's/.*"cpu_cores":([0-9.]+).*/\1/p' | head -1)
@@ -523,7 +613,7 @@ fi
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"low_load_servers\": \"$LOW_LOAD_SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

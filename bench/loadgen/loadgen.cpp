@@ -70,6 +70,7 @@ struct Options {
   uint16_t port = 0;
   std::string proto = "udp";
   std::string handler = "echo";
+  FaceSet faces;
   std::string mode = "closed";
   uint32_t connections = 1;
   uint32_t window = 1;
@@ -614,7 +615,9 @@ int run(const Options& o) {
     std::cerr << "caracal_loadgen: --sizes: " << error << "\n";
     return 2;
   }
-  const HandlerKind kind = o.handler == "echo" ? HandlerKind::kEcho : HandlerKind::kMatVec;
+  const HandlerKind kind = o.handler == "echo"   ? HandlerKind::kEcho
+                           : o.handler == "face" ? HandlerKind::kFace
+                                                 : HandlerKind::kMatVec;
   error = check_sizes(kind, sizes);
   if (!error.empty()) {
     std::cerr << "caracal_loadgen: --sizes: " << error << "\n";
@@ -624,7 +627,7 @@ int run(const Options& o) {
     std::cerr << "caracal_loadgen: --mode open needs --rate > 0 (requests per second)\n";
     return 2;
   }
-  const Workload workload(kind, sizes, o.seed, o.matvec_rounds);
+  const Workload workload(kind, sizes, o.seed, o.matvec_rounds, o.faces);
   const bool use_tcp = o.proto == "tcp";
   const MachineInfo machine = collect_machine_info();
 
@@ -839,8 +842,14 @@ int main(int argc, char** argv) {
   app.add_option("--proto", o.proto, "udp or tcp (4-byte big-endian length prefix)")
       ->check(CLI::IsMember({"udp", "tcp"}))
       ->capture_default_str();
-  app.add_option("--handler", o.handler, "What the service computes: echo or matvec")
-      ->check(CLI::IsMember({"echo", "matvec"}))
+  app.add_option("--handler", o.handler, "What the service computes: echo, matvec or face")
+      ->check(CLI::IsMember({"echo", "matvec", "face"}))
+      ->capture_default_str();
+  app.add_option("--face-persons", o.faces.persons,
+                 "face: persons of the loaded face set (caracal_face_loader --persons)")
+      ->check(CLI::Range(1u, 1u << 24))
+      ->capture_default_str();
+  app.add_option("--face-seed", o.faces.seed, "face: seed of the loaded face set")
       ->capture_default_str();
   app.add_option("--mode", o.mode, "closed (window per connection) or open (--rate)")
       ->check(CLI::IsMember({"closed", "open"}))

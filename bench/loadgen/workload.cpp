@@ -44,6 +44,10 @@ std::string check_sizes(HandlerKind kind, const std::vector<SizeWeight>& sizes) 
       return "matvec requests are whole 64-byte vectors; size " + std::to_string(s.bytes) +
              " is not a multiple of 64";
     }
+    if (kind == HandlerKind::kFace && s.bytes != examples::face::kRequestBytes) {
+      return "face requests are " + std::to_string(examples::face::kRequestBytes) +
+             " bytes (a person id and a 64x64 image); size " + std::to_string(s.bytes) + " is not";
+    }
     if (kind == HandlerKind::kEcho && s.bytes < 10) {
       return "echo requests carry a 10-byte id; size " + std::to_string(s.bytes) +
              " is smaller than 10";
@@ -53,18 +57,35 @@ std::string check_sizes(HandlerKind kind, const std::vector<SizeWeight>& sizes) 
 }
 
 Workload::Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed,
-                   uint32_t matvec_rounds)
+                   uint32_t matvec_rounds, FaceSet faces)
     : kind_(kind), sizes_(std::move(sizes)), seed_(seed) {
+  if (kind_ == HandlerKind::kFace) pool_per_size_ = kFacePool;
+  // face: the references of the persons the pool claims, made once.
+  std::vector<std::vector<uint8_t>> references;
   std::vector<double> weights;
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   for (const SizeWeight& s : sizes_) {
     weights.push_back(s.weight);
     max_bytes_ = std::max(max_bytes_, s.bytes);
-    std::vector<Entry> entries(kPoolPerSize);
-    for (Entry& e : entries) {
+    std::vector<Entry> entries(pool_per_size_);
+    for (uint32_t j = 0; j < pool_per_size_; ++j) {
+      Entry& e = entries[j];
       e.request.resize(s.bytes);
-      if (kind_ == HandlerKind::kMatVec) {
+      if (kind_ == HandlerKind::kFace) {
+        namespace face = examples::face;
+        // Persons spread over the set; three in four requests are a later capture of the person
+        // claimed, the fourth another person's face.
+        const uint32_t person =
+            static_cast<uint32_t>((uint64_t{j} * 7919 + rng() % 7) % faces.persons);
+        const uint32_t face_of = j % 4 == 3 ? (person + 1 + j) % faces.persons : person;
+        const face::Image image = face::synthetic_face(faces.seed, face_of, 1 + j % 5);
+        const std::vector<uint8_t> request = face::encode_request(person, image);
+        std::memcpy(e.request.data(), request.data(), request.size());
+        const std::vector<uint8_t> reference =
+            face::reference_histograms(face::synthetic_face(faces.seed, person, 0).data());
+        e.face = face::reference_answer(person, image.data(), &reference);
+      } else if (kind_ == HandlerKind::kMatVec) {
         for (uint32_t i = 0; i < s.bytes / sizeof(float); ++i) {
           const float f = value(rng);
           std::memcpy(e.request.data() + i * sizeof(float), &f, sizeof(float));
@@ -96,7 +117,7 @@ void Workload::next_request(Slot& slot) const {
   }
   ++slot.seq;
   const uint32_t size_index = sizes_.size() == 1 ? 0 : slot.pick(slot.rng);
-  slot.entry = size_index * kPoolPerSize + slot.seq % kPoolPerSize;
+  slot.entry = size_index * pool_per_size_ + slot.seq % pool_per_size_;
   const Entry& e = entry_of(slot.entry);
   slot.bytes.assign(e.request.begin(), e.request.end());
   if (kind_ == HandlerKind::kEcho) {
@@ -130,6 +151,17 @@ Verdict Workload::verify(const Slot& slot, const std::byte* reply, uint32_t size
         break;
       }
     }
+    return Verdict::kWrong;
+  }
+  if (kind_ == HandlerKind::kFace) {
+    why = examples::face::check_reply(reply, size, entry_of(slot.entry).face);
+    if (why.empty()) return Verdict::kOk;
+    if (slot.has_prev &&
+        examples::face::check_reply(reply, size, entry_of(slot.prev_entry).face).empty()) {
+      why.clear();
+      return Verdict::kLate;
+    }
+    why = "face reply: " + why;
     return Verdict::kWrong;
   }
   why = examples::matvec_check(reply, size, entry_of(slot.entry).expected);

@@ -12,6 +12,10 @@
 //  - matvec: pool entry (sequence % kPoolPerSize); the reply must match that entry's reference
 //    output (with the handler's rounds) to the tolerance of matvec_close. A reply that matches the
 //    entry of the slot's previous request instead is late.
+//  - face (examples/face_verify): kFacePool requests over the persons of the synthetic face set
+//    that caracal_face_loader stored (FaceSet: its seed and size), each a later capture of the
+//    person claimed or of another person; the reply must be the CPU reference's verdict with
+//    exactly its distance (face_reference.hpp: check_reply). Every request is 4104 bytes.
 #pragma once
 
 #include <cstddef>
@@ -20,9 +24,17 @@
 #include <string>
 #include <vector>
 
+#include "face_reference.hpp"
+
 namespace caracal::bench {
 
-enum class HandlerKind { kEcho, kMatVec };
+enum class HandlerKind { kEcho, kMatVec, kFace };
+
+// The face set the references were loaded from (caracal_face_loader --seed, --persons).
+struct FaceSet {
+  uint64_t seed = 0x5eedface;
+  uint32_t persons = 1000;
+};
 
 // One size of a size distribution and its weight.
 struct SizeWeight {
@@ -35,7 +47,7 @@ struct SizeWeight {
 std::vector<SizeWeight> parse_sizes(const std::string& text, std::string& error);
 
 // Empty when every size suits the handler (matvec: a nonzero multiple of 64; echo: at least
-// 10 bytes, room for the id and the two zero bytes), else what is wrong.
+// 10 bytes, room for the id and the two zero bytes; face: 4104), else what is wrong.
 std::string check_sizes(HandlerKind kind, const std::vector<SizeWeight>& sizes);
 
 enum class Verdict { kOk, kLate, kWrong };
@@ -43,11 +55,13 @@ enum class Verdict { kOk, kLate, kWrong };
 class Workload {
  public:
   static constexpr uint32_t kPoolPerSize = 16;
+  static constexpr uint32_t kFacePool = 256;
 
   // matvec_rounds: the rounds the matvec handler serves with (matvec.hpp); replies are checked
-  // against the reference with as many.
+  // against the reference with as many. faces: the face set the face handler's references were
+  // loaded from.
   Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed,
-           uint32_t matvec_rounds = 1);
+           uint32_t matvec_rounds = 1, FaceSet faces = {});
 
   HandlerKind kind() const { return kind_; }
   uint32_t max_bytes() const { return max_bytes_; }
@@ -73,7 +87,8 @@ class Workload {
  private:
   struct Entry {
     std::vector<std::byte> request;
-    std::vector<float> expected;  // matvec only
+    std::vector<float> expected;    // matvec only
+    examples::face::Expected face;  // face only
   };
   HandlerKind kind_;
   std::vector<SizeWeight> sizes_;
@@ -81,9 +96,10 @@ class Workload {
   std::vector<std::vector<Entry>> pool_;  // [size index][entry]
   uint32_t max_bytes_ = 0;
   uint64_t seed_;
+  uint32_t pool_per_size_ = kPoolPerSize;
 
   const Entry& entry_of(uint32_t packed) const {
-    return pool_[packed / kPoolPerSize][packed % kPoolPerSize];
+    return pool_[packed / pool_per_size_][packed % pool_per_size_];
   }
 };
 

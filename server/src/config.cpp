@@ -199,7 +199,7 @@ DpdkConfig parse_dpdk(const Field& f) {
 }
 
 DestinationConfig parse_destination(const Field& f) {
-  f.allow_only({"name", "connect", "framing", "max_message_bytes"});
+  f.allow_only({"name", "connect", "framing", "max_message_bytes", "timeout_ms"});
   DestinationConfig d;
   d.name = f.required("name").as_string();
   d.connect = config::as_host_port(f.required("connect"));
@@ -208,6 +208,8 @@ DestinationConfig parse_destination(const Field& f) {
     max = static_cast<uint32_t>(m->as_uint(1, 64u << 20));
   }
   d.framing = parse_framing(f.required("framing"), max);
+  if (auto t = f.optional("timeout_ms"))
+    d.timeout_ms = static_cast<uint32_t>(t->as_uint(0, 600000));
   return d;
 }
 

@@ -5,6 +5,7 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <deque>
@@ -38,7 +39,8 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
                                {{"destination", config.name}})),
         failures_(metrics.counter("caracal_destination_failures_total",
                                   "Calls answered with an error (connection failed, bad reply)",
-                                  {{"destination", config.name}})) {
+                                  {{"destination", config.name}})),
+        timer_(strand_) {
     buffer_.resize(size_t{config_.framing.max_message_bytes} + tunables::kStreamReadSlack);
   }
 
@@ -51,6 +53,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   void close() override {
     asio::post(strand_, [self = shared_from_this()] {
       self->closed_ = true;
+      self->timer_.cancel();
       error_code ec;
       self->socket_.close(ec);
     });
@@ -71,7 +74,8 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
       return;
     }
     codec_.append_framed(writer_.pending(), bytes);
-    waiting_.push_back(token);
+    waiting_.push_back({token, std::chrono::steady_clock::now()});
+    arm_timer();
     if (connected_) {
       write();
     } else {
@@ -152,7 +156,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
         fail_all("sent a reply nobody asked for");
         return;
       }
-      const uint64_t token = waiting_.front();
+      const uint64_t token = waiting_.front().token;
       waiting_.pop_front();
       answer(token, std::string(buffer_.data() + begin_ + d.payload_offset, d.payload_bytes), 0);
       begin_ += d.consumed;
@@ -170,8 +174,8 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   void fail_all(const std::string& reason) {
     const std::string text = where() + ": " + reason;
     if (!waiting_.empty()) SPDLOG_WARN("{} ({} call(s) failed)", text, waiting_.size());
-    for (const uint64_t token : waiting_)
-      answer(token, text, mqueue::kSlotError);
+    for (const Call& call : waiting_)
+      answer(call.token, text, mqueue::kSlotError);
     waiting_.clear();
     writer_.pending().clear();
     begin_ = end_ = 0;
@@ -179,6 +183,26 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
     connecting_ = false;
     error_code ec;
     socket_.close(ec);
+  }
+
+  // With timeout_ms, a timer runs while calls wait: it fires when the oldest one is due, and
+  // fails the connection if that call is still unanswered (a reply in order could not tell a
+  // late answer from the next call's).
+  void arm_timer() {
+    if (config_.timeout_ms == 0 || timer_armed_ || waiting_.empty()) return;
+    timer_armed_ = true;
+    timer_.expires_at(waiting_.front().sent + std::chrono::milliseconds(config_.timeout_ms));
+    timer_.async_wait([self = shared_from_this()](error_code ec) {
+      self->timer_armed_ = false;
+      if (ec || self->closed_ || self->waiting_.empty()) return;
+      const auto due =
+          self->waiting_.front().sent + std::chrono::milliseconds(self->config_.timeout_ms);
+      if (std::chrono::steady_clock::now() >= due) {
+        self->fail_all("no reply within " + std::to_string(self->config_.timeout_ms) + " ms");
+        return;
+      }
+      self->arm_timer();  // the call it was set for was answered: now the next one
+    });
   }
 
   void answer(uint64_t token, std::string bytes, uint16_t flags) {
@@ -200,7 +224,13 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   bool closed_ = false;
   bool connecting_ = false;
   bool connected_ = false;
-  std::deque<uint64_t> waiting_;  // tokens of requests sent (or queued), oldest first
+  struct Call {
+    uint64_t token;
+    std::chrono::steady_clock::time_point sent;
+  };
+  std::deque<Call> waiting_;  // requests sent (or queued), oldest first
+  asio::steady_timer timer_;
+  bool timer_armed_ = false;
   StreamWriter writer_;
   std::vector<char> buffer_;
   size_t begin_ = 0;
@@ -209,8 +239,8 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
 
 }  // namespace
 
-Destinations::Destinations(asio::io_context& io, const std::vector<DestinationConfig>& config,
-                           Engine& engine, Registry& metrics)
+Destinations::Destinations(IoPool& io, const std::vector<DestinationConfig>& config, Engine& engine,
+                           Registry& metrics)
     : io_(io), engine_(engine), metrics_(metrics) {
   for (const DestinationConfig& d : config)
     config_.emplace(d.name, d);
@@ -229,7 +259,7 @@ std::shared_ptr<ClientLink> Destinations::make_link(const std::string& name,
   Result<Codec> codec = Codec::make(c.framing);
   if (!codec.ok())
     throw std::invalid_argument("destination " + name + ": " + codec.status().message());
-  return std::make_shared<TcpClientLink>(io_, c, std::move(codec).value(), std::move(inbox),
+  return std::make_shared<TcpClientLink>(io_.next(), c, std::move(codec).value(), std::move(inbox),
                                          engine_, metrics_);
 }
 

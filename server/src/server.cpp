@@ -50,8 +50,7 @@ Server::Server(ServerConfig config, ServerOptions options)
   for (const ServiceConfig& s : config_.services) {
     services_.push_back(std::make_unique<Service>(s, engine_, metrics_));
   }
-  destinations_ =
-      std::make_unique<Destinations>(io_.main(), config_.destinations, engine_, metrics_);
+  destinations_ = std::make_unique<Destinations>(io_, config_.destinations, engine_, metrics_);
 }
 
 Server::~Server() {

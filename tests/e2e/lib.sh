@@ -201,3 +201,36 @@ pingpong_ok() {
   if grep -q "No messages were received" "$out"; then fail "$what: no replies"; fi
   grep -E "Summary: Latency|percentile 50.000|percentile 99.000" "$out" | sed "s/^/$what: /"
 }
+
+# A memcached of the test's own (kv_memcached.sh, face_memcached.sh), on loopback, on a port
+# picked below the kernel's ephemeral range: every socket the other tests bind to port 0 comes
+# from that range, so a pick inside it can find the port taken. Sets MC_PORT and MC_PID.
+read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range
+[ "$ephemeral_low" -gt 11024 ] || ephemeral_low=32768
+pick_mc_port() { MC_PORT=$((10000 + RANDOM % (ephemeral_low - 10000))); }
+# start_memcached [pick]: starts it on MC_PORT; `pick` picks the port first and swaps one found
+# taken for another (up to 5 tries), which only the first start may do: the server is told it.
+start_memcached() {
+  local as_user=(); [ "$(id -u)" -eq 0 ] && as_user=(-u nobody)
+  local tries=1; [ "${1:-}" = pick ] && tries=5
+  [ "${1:-}" = pick ] && pick_mc_port
+  for _ in $(seq "$tries"); do
+    memcached "${as_user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m 16 -t 1 >"$WORK/memcached.log" 2>&1 &
+    MC_PID=$!
+    PIDS+=("$MC_PID")
+    for _ in $(seq 100); do
+      printf 'version\r\n' | timeout 2 nc -N -w 2 127.0.0.1 "$MC_PORT" 2>/dev/null | grep -q VERSION && return 0
+      grep -q "Address already in use" "$WORK/memcached.log" && break
+      sleep 0.05
+    done
+    grep -q "Address already in use" "$WORK/memcached.log" || break
+    echo "port $MC_PORT is taken; memcached tries another"
+    pick_mc_port
+  done
+  fail "memcached did not start on port $MC_PORT"
+}
+# mc_set KEY VALUE: stores a text value.
+mc_set() {
+  printf 'set %s 0 0 %d\r\n%s\r\n' "$1" "${#2}" "$2" | timeout 3 nc -N -w 2 127.0.0.1 "$MC_PORT" | grep -q STORED ||
+    fail "memcached did not store $1"
+}

@@ -79,6 +79,16 @@ TEST(ServerConfig, ParsesEverySetting) {
   EXPECT_EQ(s.listeners[2].framing.delimiter, "\r\n");
   ASSERT_EQ(c.destinations.size(), 1u);
   EXPECT_EQ(c.destinations[0].connect.port, 11211);
+  EXPECT_EQ(c.destinations[0].timeout_ms, 1000u);
+}
+
+TEST(ServerConfig, DestinationTimeout) {
+  const std::string connect = "    connect: localhost:11211";
+  EXPECT_EQ(parse(with(connect, connect + "\n    timeout_ms: 0")).destinations[0].timeout_ms, 0u);
+  EXPECT_EQ(parse(with(connect, connect + "\n    timeout_ms: 250")).destinations[0].timeout_ms,
+            250u);
+  const std::string e = error_of(with(connect, connect + "\n    timeout_ms: 600001"));
+  EXPECT_NE(e.find("timeout_ms"), std::string::npos) << e;
 }
 
 TEST(ServerConfig, UnknownKeyNamesLineAndKnownKeys) {
@@ -261,6 +271,13 @@ TEST(ShippedConfigs, KvServerParses) {
   ASSERT_EQ(c.destinations.size(), 1u);
   EXPECT_EQ(c.destinations[0].name, "memcached");
   EXPECT_EQ(c.services[0].dispatch, DispatchPolicy::kLeastLoaded);
+}
+
+TEST(ShippedConfigs, FaceServerParses) {
+  const ServerConfig c = load_server_config(CARACAL_CONFIGS_DIR "/face-server.yaml");
+  ASSERT_EQ(c.destinations.size(), 1u);
+  EXPECT_EQ(c.destinations[0].timeout_ms, 1000u);
+  EXPECT_EQ(c.services[0].max_message_bytes, 8192u);
 }
 
 TEST(ListenerConfig, ErrorReplyMustSayWhereTheReasonGoes) {

@@ -141,6 +141,11 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   bool writing_ = false;
 };
 
+// The executor of the thread that read the request.
+inline asio::any_io_executor executor_of(const ReplyTo& to) {
+  return to.udp_socket != nullptr ? to.udp_socket->get_executor() : to.session->executor();
+}
+
 // Sends a reply from wherever it is called (see the file comment).
 inline void send_reply(ReplyTo& to, const std::byte* data, uint32_t n, FrontendStats& stats) {
   ++stats.replies;
@@ -179,8 +184,8 @@ class Frontend {
   // --threads and --max-message-bytes (at most max_message_limit).
   static void add_options(CLI::App& app, Options& o, std::string& handler,
                           uint32_t max_message_limit) {
-    app.add_option("--handler", handler, "echo or matvec")
-        ->check(CLI::IsMember({"echo", "matvec"}))
+    app.add_option("--handler", handler, "echo, matvec or face")
+        ->check(CLI::IsMember({"echo", "matvec", "face"}))
         ->capture_default_str();
     app.add_option("--address", o.address, "Address to bind")->capture_default_str();
     app.add_option("--udp-port", o.udp_port, "UDP port (0: any)")->capture_default_str();

@@ -2,9 +2,12 @@
 // with the 4-byte big-endian length prefix), N I/O threads, and the handler called inline on
 // the thread that read the request, with the reply sent from there: no queues, no other
 // processor. Serves the same handler types as Caracal's agents (echo, matvec), so the echo
-// handler answers sockperf too.
+// handler answers sockperf too. Face verification (examples/face_verify) fetches each reference
+// from memcached on the I/O thread's own connection (common/memcached_client.hpp) and answers
+// on that thread when it arrives, with the handler's functions.
 //
 //   caracal_cpu_server --handler echo --udp-port 7000 --tcp-port 7001 --threads 2
+//   caracal_cpu_server --handler face --memcached 127.0.0.1:11211 --threads 2
 //
 // Prints "listening udp PORT tcp PORT" once it serves; SIGINT/SIGTERM stop it, and it then
 // prints what it served.
@@ -14,11 +17,66 @@
 #include <thread>
 
 #include "caracal/accel/handler.hpp"
+#include "face_fetch.hpp"
 #include "frontend.hpp"
 #include "handlers.hpp"
 
 namespace caracal::bench::baseline {
 namespace {
+
+void print_stats(const FrontendStats& stats) {
+  std::printf("served requests %lu replies %lu dropped %lu bad_frames %lu\n",
+              static_cast<unsigned long>(stats.requests.load()),
+              static_cast<unsigned long>(stats.replies.load()),
+              static_cast<unsigned long>(stats.dropped.load()),
+              static_cast<unsigned long>(stats.bad_frames.load()));
+}
+
+// Serves `frontend` until SIGINT or SIGTERM.
+void run_until_signal(Frontend& frontend, uint32_t threads) {
+  std::printf("listening udp %u tcp %u threads %u\n", frontend.udp_port(), frontend.tcp_port(),
+              threads);
+  std::fflush(stdout);
+  asio::io_context signals_io;
+  asio::signal_set signals(signals_io, SIGINT, SIGTERM);
+  signals.async_wait([&frontend](boost::system::error_code, int) { frontend.stop(); });
+  std::thread signal_thread([&signals_io] { signals_io.run(); });
+  frontend.run();
+  signals_io.stop();
+  signal_thread.join();
+  print_stats(frontend.stats());
+}
+
+int serve_face(const Frontend::Options& o, const FaceOptions& fo) {
+  namespace face = examples::face;
+  const asio::ip::tcp::endpoint memcached = fo.endpoint();
+  const std::chrono::milliseconds timeout(fo.timeout_ms);
+  FrontendStats* stats = nullptr;
+  auto submit = [&](const std::byte* data, uint32_t size, ReplyTo to) {
+    // The I/O thread's own connection (the Frontend's buffer is reused once this returns, so
+    // the request is copied until its reference is in).
+    thread_local std::shared_ptr<MemcachedClient> client;
+    if (!client) client = std::make_shared<MemcachedClient>(executor_of(to), memcached, timeout);
+    auto request = std::make_shared<std::vector<std::byte>>(data, data + size);
+    auto answer = [request, to, stats](const Fetch& f) mutable {
+      thread_local uint8_t histograms[face::kHistogramBytes];
+      std::byte out[face::kMaxReplyBytes];
+      accel::Response resp{out, face::kMaxReplyBytes};
+      face::answer_fetched(accel::Group(), request->data(), static_cast<uint32_t>(request->size()),
+                           fetched_of(f), f.value, f.value_bytes, histograms, nullptr, resp);
+      send_reply(to, resp.data, resp.size, *stats);
+    };
+    if (face::well_formed(data, size)) {
+      client->get(face_key(data, size), std::move(answer));
+    } else {
+      client->after_pending(std::move(answer));  // in order behind the fetches in flight
+    }
+  };
+  Frontend frontend(o, submit);
+  stats = &frontend.stats();
+  run_until_signal(frontend, o.threads);
+  return 0;
+}
 
 template <class H>
 int serve(const Frontend::Options& o, const HandlerParams& params) {
@@ -47,22 +105,7 @@ int serve(const Frontend::Options& o, const HandlerParams& params) {
   };
   Frontend frontend(o, submit);
   stats = &frontend.stats();
-  std::printf("listening udp %u tcp %u threads %u\n", frontend.udp_port(), frontend.tcp_port(),
-              o.threads);
-  std::fflush(stdout);
-
-  asio::io_context signals_io;
-  asio::signal_set signals(signals_io, SIGINT, SIGTERM);
-  signals.async_wait([&frontend](boost::system::error_code, int) { frontend.stop(); });
-  std::thread signal_thread([&signals_io] { signals_io.run(); });
-  frontend.run();
-  signals_io.stop();
-  signal_thread.join();
-  std::printf("served requests %lu replies %lu dropped %lu bad_frames %lu\n",
-              static_cast<unsigned long>(stats->requests.load()),
-              static_cast<unsigned long>(stats->replies.load()),
-              static_cast<unsigned long>(stats->dropped.load()),
-              static_cast<unsigned long>(stats->bad_frames.load()));
+  run_until_signal(frontend, o.threads);
   return 0;
 }
 
@@ -73,8 +116,10 @@ int main(int argc, char** argv) {
   using namespace caracal::bench::baseline;
   Frontend::Options o;
   std::string handler = "echo";
+  FaceOptions fo;
   CLI::App app{"caracal_cpu_server: handlers inline on Asio I/O threads (baseline)"};
   Frontend::add_options(app, o, handler, 1u << 26);
+  fo.add_to(app);
   HandlerParams params;
   app.add_option("--matvec-rounds", params.matvec_rounds, "matvec: networks per vector")
       ->check(CLI::Range(1u, caracal::examples::MatVecSpec::kMaxRounds))
@@ -82,6 +127,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   int rc = 1;
   try {
+    if (handler == "face") return serve_face(o, fo);
     with_handler(handler, [&]<class H>() { rc = serve<H>(o, params); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "caracal_cpu_server: %s\n", e.what());

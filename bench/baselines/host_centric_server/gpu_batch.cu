@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "caracal/accel/handler.hpp"
+#include "face_items.hpp"
 #include "gpu_batch.hpp"
 #include "handlers.hpp"
 
@@ -97,6 +98,10 @@ class Runner final : public GpuBatchRunner {
     e = cudaMemcpyAsync(dev_in_, host_in_[set], in, cudaMemcpyHostToDevice, stream_);
     if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync to the GPU", e);
     constexpr accel::Granularity g = accel::granularity_of<H>();
+    uint32_t threads = kBlockThreads;
+    if constexpr (g == accel::Granularity::kBlock && requires { H::kBlockThreads; }) {
+      threads = H::kBlockThreads;
+    }
     uint32_t blocks;
     if constexpr (g == accel::Granularity::kThread) {
       blocks = (count + kBlockThreads - 1) / kBlockThreads;
@@ -105,9 +110,9 @@ class Runner final : public GpuBatchRunner {
     } else {
       blocks = count;
     }
-    serve_batch<H><<<blocks, kBlockThreads, 0, stream_>>>(
-        handler_, static_cast<const std::byte*>(dev_in_), static_cast<std::byte*>(dev_out_), count,
-        max_batch_);
+    serve_batch<H>
+        <<<blocks, threads, 0, stream_>>>(handler_, static_cast<const std::byte*>(dev_in_),
+                                          static_cast<std::byte*>(dev_out_), count, max_batch_);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_error("kernel launch", e);
     e = cudaMemcpyAsync(host_out_[set], dev_out_, out, cudaMemcpyDeviceToHost, stream_);
     if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync from the GPU", e);
@@ -143,6 +148,9 @@ std::unique_ptr<GpuBatchRunner> make_gpu_batch_runner(const std::string& handler
                                                       uint32_t max_batch, size_t data_bytes,
                                                       std::string& error) {
   std::unique_ptr<GpuBatchRunner> out;
+  if (handler == "face") {
+    return make<FaceItemHandler>(params, device, max_batch, data_bytes, error);
+  }
   if (!with_handler(handler, [&]<class H>() {
         out = make<H>(params, device, max_batch, data_bytes, error);
       })) {

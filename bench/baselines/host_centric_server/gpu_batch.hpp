@@ -41,9 +41,9 @@ class GpuBatchRunner {
   virtual std::string run(int set, uint32_t count, size_t in_data_bytes, size_t out_data_bytes) = 0;
 };
 
-// For the handler named `handler` (echo, matvec), with `params`, on GPU `device`, with room
-// for `max_batch` requests and `data_bytes` of request (and of reply) bytes per batch. Null
-// with `error` set when the GPU or the memory cannot be had.
+// For the handler named `handler` (echo, matvec, face: items of common/face_items.hpp), with
+// `params`, on GPU `device`, with room for `max_batch` requests and `data_bytes` of request (and
+// of reply) bytes per batch. Null with `error` set when the GPU or the memory cannot be had.
 std::unique_ptr<GpuBatchRunner> make_gpu_batch_runner(const std::string& handler,
                                                       const HandlerParams& params, int device,
                                                       uint32_t max_batch, size_t data_bytes,

@@ -13,8 +13,15 @@
 // connection stays on one GPU (connections in turn, by the order they were accepted), so that
 // its replies leave in request order.
 //
+// Face verification (examples/face_verify): each I/O thread first fetches the request's
+// reference from memcached on its own pipelined connection (common/memcached_client.hpp); when
+// it is in, the request and the reference go into the batch as one item
+// (common/face_items.hpp), and the GPU computes the histograms and the distance, a block per
+// request. Misses and failed fetches go through the batch too, so replies keep request order.
+//
 //   caracal_host_centric_server --handler matvec --udp-port 7000 --tcp-port 7001 --threads 2
 //       --batch 64 --batch-timeout-us 20 --gpus 0,1 [--matvec-rounds 1]
+//   caracal_host_centric_server --handler face --memcached 127.0.0.1:11211 --threads 2 --gpu 0
 //
 // Prints "listening udp PORT tcp PORT" once it serves; SIGINT/SIGTERM stop it.
 #include <CLI/CLI.hpp>
@@ -28,6 +35,7 @@
 #include <vector>
 
 #include "caracal/mqueue/layout.hpp"
+#include "face_fetch.hpp"
 #include "frontend.hpp"
 #include "gpu_batch.hpp"
 
@@ -43,6 +51,7 @@ struct BatchOptions {
   std::vector<int> devices{0};
   std::string handler = "echo";
   HandlerParams params;
+  uint32_t reply_capacity = 0;  // reply bytes reserved per request; 0: the request's, at least 256
 };
 
 constexpr uint32_t align16(uint32_t n) {
@@ -57,7 +66,9 @@ class Batcher {
   // On an I/O thread: copies the request into the filling batch.
   void submit(const std::byte* data, uint32_t size, ReplyTo to) {
     const uint32_t in_need = align16(size);
-    const uint32_t capacity = std::max<uint32_t>(align16(size), 256);  // room for an error text
+    const uint32_t capacity =
+        o_.reply_capacity != 0 ? o_.reply_capacity
+                               : std::max<uint32_t>(align16(size), 256);  // room for an error text
     std::unique_lock lock(mutex_);
     // Waits while the filling batch has no room (the GPU thread then takes it soon).
     io_cv_.wait(lock, [&] { return stopping_ || fits(sets_[filling_], in_need, capacity); });
@@ -163,7 +174,16 @@ class Batcher {
   uint64_t requests_ = 0;  // GPU thread only
 };
 
-int serve(const Frontend::Options& fo, const BatchOptions& bo) {
+// The GPU whose batches take a request (see the top): a TCP connection's by its number, else
+// the I/O thread's next in turn (a counter of its own: nothing shared per request).
+Batcher& batcher_for(const std::vector<std::unique_ptr<Batcher>>& batchers, const ReplyTo& to) {
+  const size_t n = batchers.size();
+  if (n == 1) return *batchers[0];
+  thread_local uint64_t turn = 0;
+  return *batchers[to.session != nullptr ? to.session->id() % n : turn++ % n];
+}
+
+int serve(const Frontend::Options& fo, const BatchOptions& bo, const FaceOptions& face) {
   std::vector<std::unique_ptr<GpuBatchRunner>> gpus;
   std::string names;
   for (const int device : bo.devices) {
@@ -177,17 +197,34 @@ int serve(const Frontend::Options& fo, const BatchOptions& bo) {
     names += (names.empty() ? "" : ",") + std::to_string(device);
   }
   std::vector<std::unique_ptr<Batcher>> batchers;
-  Frontend frontend(fo, [&batchers](const std::byte* data, uint32_t size, ReplyTo to) {
-    const size_t n = batchers.size();
-    size_t k = 0;
-    if (n > 1) {
-      // Each I/O thread takes the GPUs in turn for UDP (a counter of its own: nothing shared
-      // per request); a TCP connection stays on one (see the top).
-      thread_local uint64_t turn = 0;
-      k = to.session != nullptr ? to.session->id() % n : turn++ % n;
-    }
-    batchers[k]->submit(data, size, std::move(to));
-  });
+  Frontend::Submit submit = [&batchers](const std::byte* data, uint32_t size, ReplyTo to) {
+    batcher_for(batchers, to).submit(data, size, std::move(to));
+  };
+  if (bo.handler == "face") {
+    // The fetch first, then the item into the batch (see the top of the file). The fetches of
+    // an I/O thread complete in order on that thread, so a TCP connection's items reach its
+    // GPU in request order.
+    submit = [&batchers, memcached = face.endpoint(),
+              timeout = std::chrono::milliseconds(face.timeout_ms)](const std::byte* data,
+                                                                    uint32_t size, ReplyTo to) {
+      thread_local std::shared_ptr<MemcachedClient> client;
+      if (!client) client = std::make_shared<MemcachedClient>(executor_of(to), memcached, timeout);
+      auto request = std::make_shared<std::vector<std::byte>>(data, data + size);
+      auto batch = [&batchers, request, to](const Fetch& f) mutable {
+        thread_local std::vector<std::byte> item;
+        make_face_item(request->data(), static_cast<uint32_t>(request->size()), fetched_of(f),
+                       f.value, f.value_bytes, item);
+        batcher_for(batchers, to)
+            .submit(item.data(), static_cast<uint32_t>(item.size()), std::move(to));
+      };
+      if (examples::face::well_formed(data, size)) {
+        client->get(face_key(data, size), std::move(batch));
+      } else {
+        client->after_pending(std::move(batch));
+      }
+    };
+  }
+  Frontend frontend(fo, submit);
   for (auto& gpu : gpus)
     batchers.push_back(std::make_unique<Batcher>(bo, *gpu, frontend.stats()));
   std::printf("listening udp %u tcp %u threads %u batch %u timeout_us %ld gpus %s\n",
@@ -241,6 +278,7 @@ int main(int argc, char** argv) {
   using namespace caracal::bench::baseline;
   Frontend::Options fo;
   BatchOptions bo;
+  FaceOptions face;
   uint32_t timeout_us = 20;
   uint32_t data_mib = 4;
   CLI::App app{"caracal_host_centric_server: kernel sockets, batches copied to the GPU (baseline)"};
@@ -263,7 +301,9 @@ int main(int argc, char** argv) {
   app.add_option("--matvec-rounds", bo.params.matvec_rounds, "matvec: networks per vector")
       ->check(CLI::Range(1u, caracal::examples::MatVecSpec::kMaxRounds))
       ->capture_default_str();
+  face.add_to(app);
   CLI11_PARSE(app, argc, argv);
+  if (bo.handler == "face") bo.reply_capacity = 256;  // a verdict or an error, not the request
   bo.timeout = std::chrono::microseconds(timeout_us);
   bo.data_bytes = size_t{data_mib} << 20;
   if (bo.data_bytes < size_t{fo.max_message} + 256) {
@@ -274,7 +314,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return serve(fo, bo);
+    return serve(fo, bo, face);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "caracal_host_centric_server: %s\n", e.what());
     return 1;

@@ -43,6 +43,9 @@ class ClientChannel {
         client_(client) {}
 
   CARACAL_INLINE uint32_t index() const { return client_; }
+  // True once the region's stop word is raised: a handler that waits on next_reply() checks it
+  // every few thousand spins, as call() does.
+  CARACAL_INLINE bool stop_requested() const { return region_.stop_requested(); }
 
   // Queues a request; false when the ring has no room now (or never could hold it). Not
   // visible to the SmartNIC until flush().

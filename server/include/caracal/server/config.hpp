@@ -93,6 +93,9 @@ struct DestinationConfig {
   std::string name;
   config::HostPort connect;
   FramingConfig framing;
+  // A call unanswered for this long fails, with every call waiting on the same connection, and
+  // the connection is closed (the next call opens another). 0: calls wait as long as it takes.
+  uint32_t timeout_ms = 1000;
 };
 
 // The server's one DPDK port. rte_eal_init can run once per process, so a server has at most

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "caracal/server/config.hpp"
+#include "caracal/server/io_pool.hpp"
 #include "caracal/server/metrics/metrics.hpp"
 #include "caracal/server/mqueue_manager/engine.hpp"
 
@@ -20,8 +21,10 @@ namespace caracal::server {
 
 class Destinations {
  public:
-  Destinations(boost::asio::io_context& io, const std::vector<DestinationConfig>& config,
-               Engine& engine, Registry& metrics);
+  // Links are spread over the pool's I/O threads, a connection each in turn: on one thread,
+  // every call's write, read and reply of every client queue is one serial stage.
+  Destinations(IoPool& io, const std::vector<DestinationConfig>& config, Engine& engine,
+               Registry& metrics);
 
   bool has(const std::string& name) const { return config_.count(name) != 0; }
   std::string names() const;
@@ -29,7 +32,7 @@ class Destinations {
   std::shared_ptr<ClientLink> make_link(const std::string& name, std::shared_ptr<QueueInbox> inbox);
 
  private:
-  boost::asio::io_context& io_;
+  IoPool& io_;
   std::map<std::string, DestinationConfig> config_;
   Engine& engine_;
   Registry& metrics_;

@@ -1,5 +1,5 @@
-// The server's I/O threads' io_contexts: the listeners' sockets, and on the first one the control
-// and metrics endpoints and the destinations' connections.
+// The server's I/O threads' io_contexts: the listeners' sockets and the destinations'
+// connections, and on the first one the control and metrics endpoints.
 #pragma once
 
 #include <atomic>
@@ -12,8 +12,8 @@
 namespace caracal::server {
 
 // The server's I/O contexts, one per I/O thread (the io_context-per-thread design). Context 0
-// also carries the control and metrics endpoints, the destinations' connections and the
-// listening sockets. Any thread may post to any context.
+// also carries the control and metrics endpoints and the listening sockets; the destinations'
+// connections go to the contexts in turn. Any thread may post to any context.
 class IoPool {
  public:
   explicit IoPool(uint32_t threads) {

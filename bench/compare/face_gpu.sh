@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Face verification on the GPU machine in one go: the end-to-end face test with the agent on
+# gpu:0 (every verdict and error status against the CPU reference, memcached stopped and
+# killed), then bench/compare/run.sh with the face handler on Caracal, the host-centric server
+# and the CPU server side by side.
+#
+#   bench/compare/face_gpu.sh BUILD_DIR RESULTS_DIR [DEBS_DIR]
+#
+# BUILD_DIR holds a CUDA build (its binaries may come from another machine, with the shared
+# libraries they need under BUILD_DIR/lib). DEBS_DIR, when the machine lacks them, holds
+# memcached, libevent and netcat .debs (apt-get download memcached libevent-2.1-7
+# netcat-openbsd), unpacked here with dpkg -x. The run's knobs are run.sh's; the defaults here
+# are those of bench/results/face-h100 (4 I/O threads each, 16 agent queues, 8 x 16 in flight).
+set -uo pipefail
+BUILD=$(realpath "${1:?usage: face_gpu.sh BUILD_DIR RESULTS_DIR [DEBS_DIR]}")
+RESULTS=${2:?usage: face_gpu.sh BUILD_DIR RESULTS_DIR [DEBS_DIR]}
+DEBS=${3:-}
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$RESULTS"
+RESULTS=$(realpath "$RESULTS")
+
+[ -d "$BUILD/lib" ] && export LD_LIBRARY_PATH="$BUILD/lib:${LD_LIBRARY_PATH:-}"
+if [ -n "$DEBS" ]; then
+  tools=$(mktemp -d)
+  for d in "$DEBS"/*.deb; do dpkg -x "$d" "$tools"; done
+  [ -e "$tools/bin/nc.openbsd" ] && ln -sf nc.openbsd "$tools/bin/nc"
+  export PATH="$tools/usr/bin:$tools/bin:$PATH"
+  export LD_LIBRARY_PATH="$tools/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"
+fi
+command -v memcached >/dev/null || { echo "face_gpu.sh: no memcached (give DEBS_DIR)" >&2; exit 2; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$RESULTS/gpu.txt"
+
+status=0
+echo "== e2e face_memcached, agent on gpu:0"
+CARACAL_E2E_ACCELERATOR=gpu:0 timeout 300 bash "$SRC/tests/e2e/face_memcached.sh" "$BUILD" "$SRC" \
+  >"$RESULTS/e2e-face-gpu.txt" 2>&1 || status=1
+tail -n 25 "$RESULTS/e2e-face-gpu.txt"
+
+echo "== compare: face on caracal, host_centric, cpu"
+SERVERS=${SERVERS:-"caracal host_centric cpu"} HANDLERS=face THREADS=${THREADS:-4} \
+  AGENT_QUEUES=${AGENT_QUEUES:-16} DURATION=${DURATION:-2} WARMUP=${WARMUP:-0.5} \
+  LOW_LOAD_ROUNDS=0 OPEN_SIZES=${OPEN_SIZES:-4104} OPEN_FRACTIONS=${OPEN_FRACTIONS:-"0.5 0.9"} \
+  FACE_PERSONS=${FACE_PERSONS:-10000} MEMCACHED_THREADS=${MEMCACHED_THREADS:-4} \
+  CARACAL_COMMIT=${CARACAL_COMMIT:-unknown} \
+  timeout 540 "$SRC/bench/compare/run.sh" "$BUILD" "$RESULTS" || status=1
+exit "$status"

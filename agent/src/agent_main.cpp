@@ -23,7 +23,8 @@ void set_up_logging(const std::string& level) {
 
 }  // namespace
 
-int run_agent_main(int argc, char** argv, HandlerBackends backends) {
+int run_agent_main(int argc, char** argv, const std::vector<HandlerFlag>& flags,
+                   const std::function<HandlerBackends()>& make_backends) {
   const std::string program =
       argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "caracal-agent";
   CLI::App app{"Caracal host agent: serves this handler's services for a Caracal server", program};
@@ -35,11 +36,17 @@ int run_agent_main(int argc, char** argv, HandlerBackends backends) {
   app.add_flag("--check-config", check_only, "validate the configuration and exit");
   app.add_option("--log-level", log_level, "overrides the configuration's log_level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  for (const HandlerFlag& f : flags) {
+    app.add_option(f.name, *f.value, f.description + " (the handler's)")
+        ->check(CLI::Range(f.min, f.max))
+        ->capture_default_str();
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  HandlerBackends backends = make_backends();
 
   AgentConfig config;
   try {

@@ -276,6 +276,10 @@ start_server() {
   local server=$1 handler=$2 log="$RAW/$1-$2"
   SERVER_PIDS=()
   METRICS_PORT=
+  # A server started again under the same name (each low-load round, each held point) must not
+  # be read from its predecessor's logs: the background launch truncates them only once it
+  # runs, and the ports waited for below would be a stopped server's.
+  rm -f "$log-server.log" "$log-agent.log"
   case "$server" in
     caracal | caracal_threads)
       local engine_threads=$ENGINE_THREADS

@@ -25,6 +25,12 @@
 // connection stayed up (with --strict, also nothing lost, late or unanswered and at least one
 // reply measured); 1 otherwise; 2 for a bad command line.
 //
+// `--error-prefix TEXT`: a reply that starts with TEXT is the server's error reply (snic_server's
+// `error_reply`, e.g. "ERROR {reason}"): counted as an error reply, not as wrong, and its place
+// goes on. `--timeline-ms N`: the JSON also has the right replies and error replies of every
+// N ms of the run, from its start (warm-up included), to show throughput over time across an
+// event such as an agent lost mid-run. `--matvec-rounds R`: the matvec handler's rounds.
+//
 // The client's own CPU time over the measured window is reported too (each client thread reads
 // its own CPU clock at the window's start and end): a busiest thread near 1.0 core means this
 // client, not the server, may be what limits a saturation point.
@@ -34,6 +40,7 @@
 #include <boost/asio.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <iostream>
@@ -47,6 +54,7 @@
 #include "histogram.hpp"
 #include "json_writer.hpp"
 #include "machine_info.hpp"
+#include "matvec.hpp"
 #include "workload.hpp"
 
 namespace asio = boost::asio;
@@ -77,6 +85,9 @@ struct Options {
   std::string label;
   bool strict = false;
   bool busy_poll = false;
+  uint32_t matvec_rounds = 1;
+  std::string error_prefix;
+  uint32_t timeline_ms = 0;
 };
 
 struct Counters {
@@ -89,7 +100,8 @@ struct Counters {
   uint64_t unanswered = 0;  // requests still in flight when the run ended
   uint64_t send_errors = 0;
   uint64_t connection_errors = 0;
-  uint64_t unsent = 0;  // open loop: intended sends of the window that never went out
+  uint64_t unsent = 0;         // open loop: intended sends of the window that never went out
+  uint64_t error_replies = 0;  // replies that were the server's error text (--error-prefix)
 
   void add(const Counters& o) {
     sent += o.sent;
@@ -102,6 +114,7 @@ struct Counters {
     send_errors += o.send_errors;
     connection_errors += o.connection_errors;
     unsent += o.unsent;
+    error_replies += o.error_replies;
   }
 };
 
@@ -120,6 +133,8 @@ struct ThreadState {
   Counters c;
   std::vector<std::string> errors;  // the first few, with where
   uint64_t in_flight = 0;
+  // --timeline-ms: right replies and error replies per interval since the run's start.
+  std::vector<uint64_t> timeline_replies, timeline_errors;
 
   void error(std::string text) {
     if (errors.size() < 5) errors.push_back(std::move(text));
@@ -149,6 +164,8 @@ class Conn {
   void issue(uint32_t place, Clock::time_point origin);
   // The reply of `place`'s request arrived and was right (or `wrong`).
   void complete(uint32_t place, bool right);
+  // Counts an answer (right, or an error reply) in its interval of the timeline.
+  void note_in_timeline(bool error);
   // The place's request is given up (lost, or the connection failed).
   void give_up(uint32_t place);
   void refill(uint32_t place);
@@ -280,10 +297,22 @@ void Conn::issue(uint32_t i, Clock::time_point origin) {
   transmit(i);
 }
 
+void Conn::note_in_timeline(bool error) {
+  const uint32_t ms = plan_.opt->timeline_ms;
+  if (ms == 0) return;
+  const auto since = Clock::now() - plan_.start;
+  if (since < Clock::duration::zero()) return;
+  const auto k = static_cast<size_t>(since / std::chrono::milliseconds(ms));
+  auto& series = error ? st_.timeline_errors : st_.timeline_replies;
+  if (series.size() <= k) series.resize(k + 1, 0);
+  ++series[k];
+}
+
 void Conn::complete(uint32_t i, bool right) {
   Place& p = places_[i];
   const auto now = Clock::now();
   if (right) {
+    note_in_timeline(false);
     ++st_.c.replies;
     if (p.measured) {
       ++st_.c.measured;
@@ -342,6 +371,20 @@ void Conn::pump() {
 
 void Conn::on_reply(uint32_t i, const std::byte* data, uint32_t size) {
   Place& p = places_[i];
+  const std::string& prefix = plan_.opt->error_prefix;
+  if (!prefix.empty() && size >= prefix.size() &&
+      std::memcmp(data, prefix.data(), prefix.size()) == 0) {
+    // The server's error reply. Its request is answered; a place whose request was given up
+    // (UDP) has nothing to complete.
+    ++st_.c.error_replies;
+    note_in_timeline(true);
+    if (st_.errors.size() < 5) {
+      st_.error(where() + ": error reply: " +
+                std::string(reinterpret_cast<const char*>(data), std::min<uint32_t>(size, 120)));
+    }
+    if (p.busy) complete(i, false);
+    return;
+  }
   std::string why;
   const Verdict v = plan_.workload->verify(p.w, data, size, why);
   if (!p.busy) {
@@ -584,7 +627,7 @@ int run(const Options& o) {
     std::cerr << "caracal_loadgen: --mode open needs --rate > 0 (requests per second)\n";
     return 2;
   }
-  const Workload workload(kind, sizes, o.seed, o.faces);
+  const Workload workload(kind, sizes, o.seed, o.matvec_rounds, o.faces);
   const bool use_tcp = o.proto == "tcp";
   const MachineInfo machine = collect_machine_info();
 
@@ -627,6 +670,8 @@ int run(const Options& o) {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   };
   plan.start = Clock::now() + std::chrono::milliseconds(10);
+  // The run's start on the wall clock, so that a timeline lines up with other processes' events.
+  const auto start_unix = std::chrono::system_clock::now() + (plan.start - Clock::now());
   plan.measure_begin = plan.start + to_dur(o.warmup_s);
   plan.measure_end = plan.measure_begin + to_dur(o.duration_s);
   {
@@ -653,25 +698,37 @@ int run(const Options& o) {
   LatencyHistogram hist;
   Counters c;
   std::vector<std::string> errors;
+  std::vector<uint64_t> timeline_replies, timeline_errors;
+  const auto add_series = [](std::vector<uint64_t>& sum, const std::vector<uint64_t>& part) {
+    if (sum.size() < part.size()) sum.resize(part.size(), 0);
+    for (size_t k = 0; k < part.size(); ++k)
+      sum[k] += part[k];
+  };
   for (auto& r : runners) {
     hist.merge(r->st.hist);
     c.add(r->st.c);
     for (auto& e : r->st.errors)
       errors.push_back(e);
+    add_series(timeline_replies, r->st.timeline_replies);
+    add_series(timeline_errors, r->st.timeline_errors);
   }
+  const size_t intervals = std::max(timeline_replies.size(), timeline_errors.size());
+  timeline_replies.resize(intervals, 0);
+  timeline_errors.resize(intervals, 0);
   const double throughput = static_cast<double>(c.measured) / o.duration_s;
 
   std::printf(
       "%s %s %s sizes=%s conns=%u window=%u%s: %.0f req/s, p50 %.1f us, p99 %.1f us, p99.9 %.1f "
       "us, max %.1f us; sent %lu, wrong %lu, lost %lu, late %lu, unanswered %lu, send errors "
-      "%lu, connection errors %lu; %s\n",
+      "%lu, connection errors %lu, error replies %lu; %s\n",
       o.proto.c_str(), o.handler.c_str(), o.mode.c_str(), o.sizes.c_str(), o.connections, o.window,
       plan.open ? (" rate=" + std::to_string(static_cast<uint64_t>(o.rate))).c_str() : "",
       throughput, hist.percentile(50) / 1e3, hist.percentile(99) / 1e3, hist.percentile(99.9) / 1e3,
       hist.max() / 1e3, static_cast<unsigned long>(c.sent), static_cast<unsigned long>(c.wrong),
       static_cast<unsigned long>(c.lost), static_cast<unsigned long>(c.late),
       static_cast<unsigned long>(c.unanswered), static_cast<unsigned long>(c.send_errors),
-      static_cast<unsigned long>(c.connection_errors), client_cpu_text.c_str());
+      static_cast<unsigned long>(c.connection_errors), static_cast<unsigned long>(c.error_replies),
+      client_cpu_text.c_str());
   for (const auto& e : errors)
     std::fprintf(stderr, "caracal_loadgen: %s\n", e.c_str());
 
@@ -697,6 +754,8 @@ int run(const Options& o) {
     j.field("duration_s", o.duration_s);
     j.field("threads", threads);
     j.field("timeout_ms", o.timeout_ms);
+    j.field("matvec_rounds", o.matvec_rounds);
+    j.field("error_prefix", o.error_prefix);
     j.end_object();
     j.key("machine");
     j.begin_object();
@@ -722,7 +781,27 @@ int run(const Options& o) {
     j.field("unanswered", c.unanswered);
     j.field("send_errors", c.send_errors);
     j.field("connection_errors", c.connection_errors);
+    j.field("error_replies", c.error_replies);
     j.end_object();
+    if (o.timeline_ms != 0) {
+      // Interval k covers [k, k + 1) * interval_ms after the run's start (warm-up included).
+      j.key("timeline");
+      j.begin_object();
+      j.field("interval_ms", o.timeline_ms);
+      j.field("warmup_s", o.warmup_s);
+      j.field("start_unix_s", std::chrono::duration<double>(start_unix.time_since_epoch()).count());
+      j.key("replies");
+      j.begin_array();
+      for (const uint64_t n : timeline_replies)
+        j.value(n);
+      j.end_array();
+      j.key("error_replies");
+      j.begin_array();
+      for (const uint64_t n : timeline_errors)
+        j.value(n);
+      j.end_array();
+      j.end_object();
+    }
     if (client_cpu.known) {
       j.key("client_cpu");
       j.begin_object();
@@ -802,6 +881,16 @@ int main(int argc, char** argv) {
   app.add_option("--label", o.label, "A name for this run, copied into the JSON");
   app.add_flag("--busy-poll", o.busy_poll,
                "Client threads poll their sockets without sleeping (one core each)");
+  app.add_option("--matvec-rounds", o.matvec_rounds,
+                 "The matvec handler's rounds (networks per vector), for checking its replies")
+      ->check(CLI::Range(1u, caracal::examples::MatVecSpec::kMaxRounds))
+      ->capture_default_str();
+  app.add_option("--error-prefix", o.error_prefix,
+                 "A reply starting with this text is an error reply: counted, not wrong");
+  app.add_option("--timeline-ms", o.timeline_ms,
+                 "Replies and error replies per interval of this many ms, in the JSON")
+      ->check(CLI::Range(0u, 60000u))
+      ->capture_default_str();
   app.add_flag("--strict", o.strict,
                "Also fail on lost, late or unanswered requests, and on no measured reply");
   CLI11_PARSE(app, argc, argv);

@@ -56,7 +56,8 @@ std::string check_sizes(HandlerKind kind, const std::vector<SizeWeight>& sizes) 
   return {};
 }
 
-Workload::Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed, FaceSet faces)
+Workload::Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed,
+                   uint32_t matvec_rounds, FaceSet faces)
     : kind_(kind), sizes_(std::move(sizes)), seed_(seed) {
   if (kind_ == HandlerKind::kFace) pool_per_size_ = kFacePool;
   // face: the references of the persons the pool claims, made once.
@@ -89,7 +90,7 @@ Workload::Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t see
           const float f = value(rng);
           std::memcpy(e.request.data() + i * sizeof(float), &f, sizeof(float));
         }
-        e.expected = examples::matvec_reference(e.request.data(), s.bytes);
+        e.expected = examples::matvec_reference(e.request.data(), s.bytes, matvec_rounds);
       } else {
         for (std::byte& b : e.request)
           b = static_cast<std::byte>(rng() & 0xFF);

@@ -10,8 +10,8 @@
 //    message; the reply must be the same bytes. A reply carrying an earlier id of the same slot
 //    is late (a UDP reply after its timeout), not wrong.
 //  - matvec: pool entry (sequence % kPoolPerSize); the reply must match that entry's reference
-//    output to the tolerance of matvec_close. A reply that matches the entry of the slot's
-//    previous request instead is late.
+//    output (with the handler's rounds) to the tolerance of matvec_close. A reply that matches the
+//    entry of the slot's previous request instead is late.
 //  - face (examples/face_verify): kFacePool requests over the persons of the synthetic face set
 //    that caracal_face_loader stored (FaceSet: its seed and size), each a later capture of the
 //    person claimed or of another person; the reply must be the CPU reference's verdict with
@@ -57,7 +57,11 @@ class Workload {
   static constexpr uint32_t kPoolPerSize = 16;
   static constexpr uint32_t kFacePool = 256;
 
-  Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed, FaceSet faces = {});
+  // matvec_rounds: the rounds the matvec handler serves with (matvec.hpp); replies are checked
+  // against the reference with as many. faces: the face set the face handler's references were
+  // loaded from.
+  Workload(HandlerKind kind, std::vector<SizeWeight> sizes, uint64_t seed,
+           uint32_t matvec_rounds = 1, FaceSet faces = {});
 
   HandlerKind kind() const { return kind_; }
   uint32_t max_bytes() const { return max_bytes_; }

@@ -13,8 +13,10 @@
 
 namespace caracal::examples {
 
-// y for every 64-byte vector of `request` (size a multiple of 64), as floats.
-inline std::vector<float> matvec_reference(const void* request, uint32_t size) {
+// y for every 64-byte vector of `request` (size a multiple of 64), as floats: the mean of
+// `rounds` networks, as MatVec with that many rounds answers.
+inline std::vector<float> matvec_reference(const void* request, uint32_t size,
+                                           uint32_t rounds = 1) {
   constexpr uint32_t kDim = MatVecSpec::kDim;
   const uint32_t vectors = size / MatVecSpec::kVectorBytes;
   std::vector<float> out(static_cast<size_t>(vectors) * kDim);
@@ -22,22 +24,27 @@ inline std::vector<float> matvec_reference(const void* request, uint32_t size) {
     float in[kDim];
     std::memcpy(in, static_cast<const char*>(request) + v * MatVecSpec::kVectorBytes,
                 MatVecSpec::kVectorBytes);
-    double x[kDim];
-    for (uint32_t i = 0; i < kDim; ++i)
-      x[i] = in[i];
-    for (uint32_t layer = 0; layer < MatVecSpec::kLayers; ++layer) {
-      double y[kDim];
-      for (uint32_t i = 0; i < kDim; ++i) {
-        y[i] = 0;
-        for (uint32_t j = 0; j < kDim; ++j)
-          y[i] += static_cast<double>(MatVecSpec::weight(layer, i, j)) * x[j];
-      }
-      const bool last = layer + 1 == MatVecSpec::kLayers;
+    double mean[kDim] = {};
+    for (uint32_t pass = 0; pass < rounds; ++pass) {
+      double x[kDim];
       for (uint32_t i = 0; i < kDim; ++i)
-        x[i] = (last || y[i] > 0) ? y[i] : 0;
+        x[i] = in[i];
+      for (uint32_t layer = 0; layer < MatVecSpec::kLayers; ++layer) {
+        double y[kDim];
+        for (uint32_t i = 0; i < kDim; ++i) {
+          y[i] = 0;
+          for (uint32_t j = 0; j < kDim; ++j)
+            y[i] += static_cast<double>(MatVecSpec::weight(pass, layer, i, j)) * x[j];
+        }
+        const bool last = layer + 1 == MatVecSpec::kLayers;
+        for (uint32_t i = 0; i < kDim; ++i)
+          x[i] = (last || y[i] > 0) ? y[i] : 0;
+      }
+      for (uint32_t i = 0; i < kDim; ++i)
+        mean[i] += x[i];
     }
     for (uint32_t i = 0; i < kDim; ++i)
-      out[static_cast<size_t>(v) * kDim + i] = static_cast<float>(x[i]);
+      out[static_cast<size_t>(v) * kDim + i] = static_cast<float>(mean[i] / rounds);
   }
   return out;
 }

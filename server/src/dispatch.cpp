@@ -193,6 +193,9 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
           "Requests dispatched to the queue and not yet answered", &QueueInbox::outstanding);
     gauge("caracal_queue_waiting_requests", "Requests waiting for room in the queue's RX ring",
           &QueueInbox::waiting);
+    gauge("caracal_queue_answered_requests",
+          "Requests the queue's handler answered since its region was attached",
+          &QueueInbox::answered);
   }
   index_by_thread(*next);
   publish(std::move(next));

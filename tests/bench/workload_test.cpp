@@ -83,14 +83,15 @@ TEST(Workload, SizeDistributionIsFollowed) {
 
 // The handler's answer, computed the way a CPU worker calls it (a group of one thread).
 std::vector<std::byte> run_handler(const std::vector<std::byte>& request, uint32_t group_size,
-                                   uint16_t* flags = nullptr) {
+                                   uint16_t* flags = nullptr,
+                                   examples::MatVec handler = examples::MatVec{}) {
   std::vector<std::byte> out(request.size() + 64);
   accel::Response resp{out.data(), static_cast<uint32_t>(out.size())};
   for (uint32_t rank = 0; rank < group_size; ++rank) {
     // A warp's threads each take their vectors; run them one after another.
     accel::Request req{request.data(), static_cast<uint32_t>(request.size())};
     accel::Context ctx(accel::Group(accel::Granularity::kWarp, rank, group_size), nullptr, 0, 0);
-    examples::MatVec{}(req, resp, ctx);
+    handler(req, resp, ctx);
   }
   if (flags != nullptr) *flags = resp.flags;
   out.resize(resp.size);
@@ -120,6 +121,33 @@ TEST(Workload, MatVecRepliesMatchTheReference) {
     w.next_request(s);
     EXPECT_EQ(w.verify(s, previous.data(), previous.size(), why), Verdict::kLate);
   }
+}
+
+// More rounds: another answer, which the reference with as many rounds expects and the one with
+// another count refuses; a delay leaves the answer as it is.
+TEST(MatVec, RoundsChangeTheAnswerAndDelayDoesNot) {
+  for (const uint32_t rounds : {2u, 7u}) {
+    const Workload w(HandlerKind::kMatVec, {{1024, 1}}, 23, rounds);
+    const Workload one(HandlerKind::kMatVec, {{1024, 1}}, 23);
+    Workload::Slot s = w.make_slot(0);
+    Workload::Slot s1 = one.make_slot(0);
+    w.next_request(s);
+    one.next_request(s1);
+    ASSERT_EQ(s.bytes, s1.bytes);  // the same request, checked against two references
+    std::string why;
+    for (const uint32_t group : {1u, 32u}) {
+      const auto reply = run_handler(s.bytes, group, nullptr, examples::MatVec{rounds});
+      EXPECT_EQ(w.verify(s, reply.data(), reply.size(), why), Verdict::kOk)
+          << rounds << " rounds, group " << group << ": " << why;
+      EXPECT_EQ(one.verify(s1, reply.data(), reply.size(), why), Verdict::kWrong) << rounds;
+    }
+    const auto slow = run_handler(s.bytes, 1, nullptr, examples::MatVec{rounds, 200000});
+    EXPECT_EQ(w.verify(s, slow.data(), slow.size(), why), Verdict::kOk) << why;
+  }
+  uint16_t flags = 0;
+  const std::vector<std::byte> request(64);
+  run_handler(request, 1, &flags, examples::MatVec{0});
+  EXPECT_NE(flags & mqueue::kSlotError, 0);
 }
 
 TEST(MatVec, ReferenceIsNotTrivial) {

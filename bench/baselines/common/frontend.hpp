@@ -56,6 +56,10 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   TcpSession(tcp::socket socket, uint32_t max_message, const Submit& submit, FrontendStats& stats)
       : socket_(std::move(socket)), max_message_(max_message), submit_(submit), stats_(stats) {}
 
+  // The connection's number, in the order the server accepted them (from 0): a server that
+  // spreads connections over GPUs keeps each on one, so that its replies stay in order.
+  uint64_t id() const { return id_; }
+
   void start() {
     boost::system::error_code ignored;
     socket_.set_option(tcp::no_delay(true), ignored);
@@ -121,6 +125,12 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     socket_.close(ignored);
   }
 
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> next{0};
+    return next.fetch_add(1, std::memory_order_relaxed);  // a number, nothing to order
+  }
+
+  const uint64_t id_ = next_id();
   tcp::socket socket_;
   uint32_t max_message_;
   const Submit& submit_;

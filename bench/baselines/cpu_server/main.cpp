@@ -79,13 +79,14 @@ int serve_face(const Frontend::Options& o, const FaceOptions& fo) {
 }
 
 template <class H>
-int serve(const Frontend::Options& o) {
+int serve(const Frontend::Options& o, const HandlerParams& params) {
   std::atomic<uint32_t> next_worker{0};
   FrontendStats* stats = nullptr;
   // Each I/O thread keeps its own handler copy and reply buffer (thread_local: the submit
   // function runs on whichever thread read the request).
-  auto submit = [&o, &stats, &next_worker](const std::byte* data, uint32_t size, ReplyTo to) {
-    thread_local H handler{};
+  auto submit = [&o, &params, &stats, &next_worker](const std::byte* data, uint32_t size,
+                                                    ReplyTo to) {
+    thread_local H handler = make_handler<H>(params);
     thread_local std::vector<std::byte> out(accel::max_response_of<H>(o.max_message));
     thread_local const uint32_t worker = next_worker.fetch_add(1, std::memory_order_relaxed);
     accel::Request req{data, size, 0, 0};
@@ -119,11 +120,15 @@ int main(int argc, char** argv) {
   CLI::App app{"caracal_cpu_server: handlers inline on Asio I/O threads (baseline)"};
   Frontend::add_options(app, o, handler, 1u << 26);
   fo.add_to(app);
+  HandlerParams params;
+  app.add_option("--matvec-rounds", params.matvec_rounds, "matvec: networks per vector")
+      ->check(CLI::Range(1u, caracal::examples::MatVecSpec::kMaxRounds))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   int rc = 1;
   try {
     if (handler == "face") return serve_face(o, fo);
-    with_handler(handler, [&]<class H>() { rc = serve<H>(o); });
+    with_handler(handler, [&]<class H>() { rc = serve<H>(o, params); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "caracal_cpu_server: %s\n", e.what());
     return 1;

@@ -54,7 +54,8 @@ class Runner final : public GpuBatchRunner {
   static_assert(accel::batch_of<H>() == 1, "the host-centric server calls one request at a time");
 
  public:
-  Runner(uint32_t max_batch, size_t data_bytes) : max_batch_(max_batch) {
+  Runner(H handler, uint32_t max_batch, size_t data_bytes)
+      : handler_(handler), max_batch_(max_batch) {
     in_bytes_ = max_batch * sizeof(BatchDesc) + data_bytes;
     out_bytes_ = max_batch * sizeof(BatchResult) + data_bytes;
   }
@@ -68,6 +69,7 @@ class Runner final : public GpuBatchRunner {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
   std::string init(int device) {
+    device_ = device;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) return cuda_error("cudaSetDevice", e);
     for (int s = 0; s < 2; ++s) {
@@ -87,9 +89,13 @@ class Runner final : public GpuBatchRunner {
 
   std::string run(int set, uint32_t count, size_t in_data_bytes, size_t out_data_bytes) override {
     if (count == 0) return {};
+    // The calling thread's current device is its own (a GPU thread per device): a launch must
+    // be on it. Cheap when it already is.
+    cudaError_t e = cudaSetDevice(device_);
+    if (e != cudaSuccess) return cuda_error("cudaSetDevice", e);
     const size_t in = max_batch_ * sizeof(BatchDesc) + in_data_bytes;
     const size_t out = max_batch_ * sizeof(BatchResult) + out_data_bytes;
-    cudaError_t e = cudaMemcpyAsync(dev_in_, host_in_[set], in, cudaMemcpyHostToDevice, stream_);
+    e = cudaMemcpyAsync(dev_in_, host_in_[set], in, cudaMemcpyHostToDevice, stream_);
     if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync to the GPU", e);
     constexpr accel::Granularity g = accel::granularity_of<H>();
     uint32_t threads = kBlockThreads;
@@ -104,9 +110,9 @@ class Runner final : public GpuBatchRunner {
     } else {
       blocks = count;
     }
-    serve_batch<H><<<blocks, threads, 0, stream_>>>(H{}, static_cast<const std::byte*>(dev_in_),
-                                                    static_cast<std::byte*>(dev_out_), count,
-                                                    max_batch_);
+    serve_batch<H>
+        <<<blocks, threads, 0, stream_>>>(handler_, static_cast<const std::byte*>(dev_in_),
+                                          static_cast<std::byte*>(dev_out_), count, max_batch_);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_error("kernel launch", e);
     e = cudaMemcpyAsync(host_out_[set], dev_out_, out, cudaMemcpyDeviceToHost, stream_);
     if (e != cudaSuccess) return cuda_error("cudaMemcpyAsync from the GPU", e);
@@ -115,6 +121,8 @@ class Runner final : public GpuBatchRunner {
   }
 
  private:
+  H handler_;
+  int device_ = 0;
   uint32_t max_batch_;
   size_t in_bytes_ = 0, out_bytes_ = 0;
   void* host_in_[2] = {nullptr, nullptr};
@@ -125,9 +133,9 @@ class Runner final : public GpuBatchRunner {
 };
 
 template <class H>
-std::unique_ptr<GpuBatchRunner> make(int device, uint32_t max_batch, size_t data_bytes,
-                                     std::string& error) {
-  auto r = std::make_unique<Runner<H>>(max_batch, data_bytes);
+std::unique_ptr<GpuBatchRunner> make(const HandlerParams& params, int device, uint32_t max_batch,
+                                     size_t data_bytes, std::string& error) {
+  auto r = std::make_unique<Runner<H>>(make_handler<H>(params), max_batch, data_bytes);
   error = r->init(device);
   if (!error.empty()) return nullptr;
   return r;
@@ -135,13 +143,17 @@ std::unique_ptr<GpuBatchRunner> make(int device, uint32_t max_batch, size_t data
 
 }  // namespace
 
-std::unique_ptr<GpuBatchRunner> make_gpu_batch_runner(const std::string& handler, int device,
+std::unique_ptr<GpuBatchRunner> make_gpu_batch_runner(const std::string& handler,
+                                                      const HandlerParams& params, int device,
                                                       uint32_t max_batch, size_t data_bytes,
                                                       std::string& error) {
   std::unique_ptr<GpuBatchRunner> out;
-  if (handler == "face") return make<FaceItemHandler>(device, max_batch, data_bytes, error);
-  if (!with_handler(handler,
-                    [&]<class H>() { out = make<H>(device, max_batch, data_bytes, error); })) {
+  if (handler == "face") {
+    return make<FaceItemHandler>(params, device, max_batch, data_bytes, error);
+  }
+  if (!with_handler(handler, [&]<class H>() {
+        out = make<H>(params, device, max_batch, data_bytes, error);
+      })) {
     error = "unknown handler '" + handler + "'";
   }
   return out;

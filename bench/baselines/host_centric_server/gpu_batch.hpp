@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "handlers.hpp"
+
 namespace caracal::bench::baseline {
 
 struct BatchDesc {
@@ -39,10 +41,11 @@ class GpuBatchRunner {
   virtual std::string run(int set, uint32_t count, size_t in_data_bytes, size_t out_data_bytes) = 0;
 };
 
-// For the handler named `handler` (echo, matvec, face: items of common/face_items.hpp) on GPU
-// `device`, with room for `max_batch` requests and `data_bytes` of request (and of reply) bytes per
-// batch. Null with `error` set when the GPU or the memory cannot be had.
-std::unique_ptr<GpuBatchRunner> make_gpu_batch_runner(const std::string& handler, int device,
+// For the handler named `handler` (echo, matvec, face: items of common/face_items.hpp), with
+// `params`, on GPU `device`, with room for `max_batch` requests and `data_bytes` of request (and
+// of reply) bytes per batch. Null with `error` set when the GPU or the memory cannot be had.
+std::unique_ptr<GpuBatchRunner> make_gpu_batch_runner(const std::string& handler,
+                                                      const HandlerParams& params, int device,
                                                       uint32_t max_batch, size_t data_bytes,
                                                       std::string& error);
 

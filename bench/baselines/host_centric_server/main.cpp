@@ -8,6 +8,11 @@
 // Two batch buffers: the I/O threads fill one while the GPU runs the other; when both are
 // taken, an I/O thread waits (and the kernel's socket buffers take the backlog).
 //
+// With several GPUs (`--gpus 0,1`) each has its own batches and GPU thread, and the requests are
+// spread over them: over UDP each I/O thread hands its requests to the GPUs in turn; over TCP a
+// connection stays on one GPU (connections in turn, by the order they were accepted), so that
+// its replies leave in request order.
+//
 // Face verification (examples/face_verify): each I/O thread first fetches the request's
 // reference from memcached on its own pipelined connection (common/memcached_client.hpp); when
 // it is in, the request and the reference go into the batch as one item
@@ -15,8 +20,8 @@
 // request. Misses and failed fetches go through the batch too, so replies keep request order.
 //
 //   caracal_host_centric_server --handler matvec --udp-port 7000 --tcp-port 7001 --threads 2
-//       --batch 64 --batch-timeout-us 20 --gpu 0
-//   caracal_host_centric_server --handler face --memcached 127.0.0.1:11211 --threads 2
+//       --batch 64 --batch-timeout-us 20 --gpus 0,1 [--matvec-rounds 1]
+//   caracal_host_centric_server --handler face --memcached 127.0.0.1:11211 --threads 2 --gpu 0
 //
 // Prints "listening udp PORT tcp PORT" once it serves; SIGINT/SIGTERM stop it.
 #include <CLI/CLI.hpp>
@@ -27,6 +32,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "caracal/mqueue/layout.hpp"
 #include "face_fetch.hpp"
@@ -42,8 +48,9 @@ struct BatchOptions {
   uint32_t max_batch = 64;
   std::chrono::microseconds timeout{20};
   size_t data_bytes = 4 << 20;
-  int device = 0;
+  std::vector<int> devices{0};
   std::string handler = "echo";
+  HandlerParams params;
   uint32_t reply_capacity = 0;  // reply bytes reserved per request; 0: the request's, at least 256
 };
 
@@ -167,30 +174,48 @@ class Batcher {
   uint64_t requests_ = 0;  // GPU thread only
 };
 
+// The GPU whose batches take a request (see the top): a TCP connection's by its number, else
+// the I/O thread's next in turn (a counter of its own: nothing shared per request).
+Batcher& batcher_for(const std::vector<std::unique_ptr<Batcher>>& batchers, const ReplyTo& to) {
+  const size_t n = batchers.size();
+  if (n == 1) return *batchers[0];
+  thread_local uint64_t turn = 0;
+  return *batchers[to.session != nullptr ? to.session->id() % n : turn++ % n];
+}
+
 int serve(const Frontend::Options& fo, const BatchOptions& bo, const FaceOptions& face) {
-  std::string error;
-  auto gpu = make_gpu_batch_runner(bo.handler, bo.device, bo.max_batch, bo.data_bytes, error);
-  if (gpu == nullptr) {
-    std::fprintf(stderr, "caracal_host_centric_server: GPU %d: %s\n", bo.device, error.c_str());
-    return 1;
+  std::vector<std::unique_ptr<GpuBatchRunner>> gpus;
+  std::string names;
+  for (const int device : bo.devices) {
+    std::string error;
+    gpus.push_back(
+        make_gpu_batch_runner(bo.handler, bo.params, device, bo.max_batch, bo.data_bytes, error));
+    if (gpus.back() == nullptr) {
+      std::fprintf(stderr, "caracal_host_centric_server: GPU %d: %s\n", device, error.c_str());
+      return 1;
+    }
+    names += (names.empty() ? "" : ",") + std::to_string(device);
   }
-  Batcher* batcher = nullptr;
-  Frontend::Submit submit = [&batcher](const std::byte* data, uint32_t size, ReplyTo to) {
-    batcher->submit(data, size, std::move(to));
+  std::vector<std::unique_ptr<Batcher>> batchers;
+  Frontend::Submit submit = [&batchers](const std::byte* data, uint32_t size, ReplyTo to) {
+    batcher_for(batchers, to).submit(data, size, std::move(to));
   };
   if (bo.handler == "face") {
-    // The fetch first, then the item into the batch (see the top of the file).
-    submit = [&batcher, memcached = face.endpoint(),
+    // The fetch first, then the item into the batch (see the top of the file). The fetches of
+    // an I/O thread complete in order on that thread, so a TCP connection's items reach its
+    // GPU in request order.
+    submit = [&batchers, memcached = face.endpoint(),
               timeout = std::chrono::milliseconds(face.timeout_ms)](const std::byte* data,
                                                                     uint32_t size, ReplyTo to) {
       thread_local std::shared_ptr<MemcachedClient> client;
       if (!client) client = std::make_shared<MemcachedClient>(executor_of(to), memcached, timeout);
       auto request = std::make_shared<std::vector<std::byte>>(data, data + size);
-      auto batch = [&batcher, request, to](const Fetch& f) mutable {
+      auto batch = [&batchers, request, to](const Fetch& f) mutable {
         thread_local std::vector<std::byte> item;
         make_face_item(request->data(), static_cast<uint32_t>(request->size()), fetched_of(f),
                        f.value, f.value_bytes, item);
-        batcher->submit(item.data(), static_cast<uint32_t>(item.size()), std::move(to));
+        batcher_for(batchers, to)
+            .submit(item.data(), static_cast<uint32_t>(item.size()), std::move(to));
       };
       if (examples::face::well_formed(data, size)) {
         client->get(face_key(data, size), std::move(batch));
@@ -200,32 +225,49 @@ int serve(const Frontend::Options& fo, const BatchOptions& bo, const FaceOptions
     };
   }
   Frontend frontend(fo, submit);
-  Batcher b(bo, *gpu, frontend.stats());
-  batcher = &b;
-  std::printf("listening udp %u tcp %u threads %u batch %u timeout_us %ld\n", frontend.udp_port(),
-              frontend.tcp_port(), fo.threads, bo.max_batch, static_cast<long>(bo.timeout.count()));
+  for (auto& gpu : gpus)
+    batchers.push_back(std::make_unique<Batcher>(bo, *gpu, frontend.stats()));
+  std::printf("listening udp %u tcp %u threads %u batch %u timeout_us %ld gpus %s\n",
+              frontend.udp_port(), frontend.tcp_port(), fo.threads, bo.max_batch,
+              static_cast<long>(bo.timeout.count()), names.c_str());
   std::fflush(stdout);
 
-  std::thread gpu_thread([&b] { b.run(); });
+  std::vector<std::thread> gpu_threads;
+  for (auto& b : batchers)
+    gpu_threads.emplace_back([b = b.get()] { b->run(); });
+  const auto stop_batchers = [&batchers] {
+    for (auto& b : batchers)
+      b->stop();
+  };
   asio::io_context signals_io;
   asio::signal_set signals(signals_io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code, int) {
-    b.stop();
+    stop_batchers();
     frontend.stop();
   });
   std::thread signal_thread([&signals_io] { signals_io.run(); });
   frontend.run();
-  b.stop();
-  gpu_thread.join();
+  stop_batchers();
+  for (auto& t : gpu_threads)
+    t.join();
   signals_io.stop();
   signal_thread.join();
   const auto& st = frontend.stats();
+  uint64_t batches = 0, requests = 0;
+  std::string per_gpu;
+  for (size_t i = 0; i < batchers.size(); ++i) {
+    batches += batchers[i]->batches();
+    requests += batchers[i]->requests();
+    per_gpu +=
+        " gpu" + std::to_string(bo.devices[i]) + " " + std::to_string(batchers[i]->requests());
+  }
   std::printf(
-      "served requests %lu replies %lu dropped %lu bad_frames %lu batches %lu (mean %.1f)\n",
+      "served requests %lu replies %lu dropped %lu bad_frames %lu batches %lu (mean %.1f)"
+      " requests by GPU:%s\n",
       static_cast<unsigned long>(st.requests.load()), static_cast<unsigned long>(st.replies.load()),
       static_cast<unsigned long>(st.dropped.load()),
-      static_cast<unsigned long>(st.bad_frames.load()), static_cast<unsigned long>(b.batches()),
-      b.batches() == 0 ? 0.0 : static_cast<double>(b.requests()) / b.batches());
+      static_cast<unsigned long>(st.bad_frames.load()), static_cast<unsigned long>(batches),
+      batches == 0 ? 0.0 : static_cast<double>(requests) / batches, per_gpu.c_str());
   return 0;
 }
 
@@ -250,7 +292,15 @@ int main(int argc, char** argv) {
   app.add_option("--batch-mib", data_mib, "Request bytes (and reply bytes) per batch buffer")
       ->check(CLI::Range(1u, 1024u))
       ->capture_default_str();
-  app.add_option("--gpu", bo.device, "CUDA device")->capture_default_str();
+  app.add_option("--gpu,--gpus", bo.devices,
+                 "CUDA devices, comma-separated: a batching thread for each, requests spread "
+                 "over them")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1023))
+      ->capture_default_str();
+  app.add_option("--matvec-rounds", bo.params.matvec_rounds, "matvec: networks per vector")
+      ->check(CLI::Range(1u, caracal::examples::MatVecSpec::kMaxRounds))
+      ->capture_default_str();
   face.add_to(app);
   CLI11_PARSE(app, argc, argv);
   if (bo.handler == "face") bo.reply_capacity = 256;  // a verdict or an error, not the request

@@ -218,7 +218,10 @@ class TransportBinding final : public RegionBinding {
     }
     const Clock::time_point submitted = it->second;
     flights.erase(it);
-    r.inbox(q).outstanding.fetch_sub(1, std::memory_order_relaxed);
+    QueueInbox& inbox = r.inbox(q);
+    inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
+    inbox.answered.store(inbox.answered.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);  // this thread alone writes it
     Reply rep;
     if ((e.flags & mqueue::kSlotNoReply) != 0) {
       rep.kind = Reply::Kind::kNoReply;

@@ -56,6 +56,11 @@ class QueueInbox {
   std::atomic<uint32_t> waiting{0};
   // Ring slots not yet given back by the accelerator, as of the engine's last round.
   std::atomic<uint32_t> ring_slots_in_use{0};
+  // Requests the queue's handler answered (a reply, an error or none), since the region was
+  // attached: how the service's requests spread over agents. Written only by the engine thread
+  // that serves the queue (a load and a store, no read-modify-write), read by metric scrapes;
+  // relaxed both ways, it orders nothing.
+  std::atomic<uint64_t> answered{0};
 
  private:
   bool take_locked(std::deque<Message>& out);

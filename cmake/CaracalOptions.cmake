@@ -34,6 +34,9 @@ endfunction()
 
 add_library(caracal_options INTERFACE)
 add_library(caracal::options ALIAS caracal_options)
+# The public headers are C++20 (concepts): a project that builds against the installed SDK gets
+# the standard from the targets, not from this project's CMAKE_CXX_STANDARD.
+target_compile_features(caracal_options INTERFACE cxx_std_20)
 
 # --- CUDA -----------------------------------------------------------------------------------
 check_language(CUDA)

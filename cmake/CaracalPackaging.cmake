@@ -44,7 +44,9 @@ endforeach()
 # sections of its own (deploy/man/*.h2m: signals, files, environment). A cross-build runs the
 # program under its emulator (CMAKE_CROSSCOMPILING_EMULATOR) through a wrapper of the program's
 # name. Without help2man (or, cross-building, without an emulator) the packages have none.
+# Target caracal_man_pages builds them all (part of ALL; scripts/cross-arm64.sh names it).
 find_program(CARACAL_HELP2MAN help2man)
+add_custom_target(caracal_man_pages ALL)
 set(_man_ok FALSE)
 if(CARACAL_HELP2MAN AND (NOT CMAKE_CROSSCOMPILING OR CMAKE_CROSSCOMPILING_EMULATOR))
   set(_man_ok TRUE)
@@ -73,7 +75,8 @@ function(_caracal_man_page target component include name)
     DEPENDS ${target} ${include}
     COMMENT "Manual page of ${target}"
     VERBATIM)
-  add_custom_target(${target}_man ALL DEPENDS ${page}.gz)
+  add_custom_target(${target}_man DEPENDS ${page}.gz)
+  add_dependencies(caracal_man_pages ${target}_man)
   install(FILES ${page}.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT ${component})
 endfunction()
 _caracal_man_page(snic_server server ${PROJECT_SOURCE_DIR}/deploy/man/snic_server.h2m
@@ -84,6 +87,12 @@ _caracal_man_page(caracal_kv_agent agent ${PROJECT_SOURCE_DIR}/deploy/man/caraca
                   "Caracal agent serving key lookups in memcached")
 _caracal_man_page(caracal_matvec_agent agent ${PROJECT_SOURCE_DIR}/deploy/man/caracal_agent.h2m
                   "Caracal agent serving a matrix-vector product")
+_caracal_man_page(caracal_face_agent agent ${PROJECT_SOURCE_DIR}/deploy/man/caracal_agent.h2m
+                  "Caracal agent serving face verification with references in memcached")
+_caracal_man_page(caracal_face_loader agent ${PROJECT_SOURCE_DIR}/deploy/man/caracal_face_tools.h2m
+                  "enrolls the face verification example's references in memcached")
+_caracal_man_page(caracal_face_client agent ${PROJECT_SOURCE_DIR}/deploy/man/caracal_face_tools.h2m
+                  "sends one face verification request and prints its reply")
 
 # The maintainer scripts: one text for both packages that run as the caracal user, with what
 # differs (the units they manage) filled in.
@@ -155,7 +164,7 @@ if(CARACAL_WITH_RDMA)
 endif()
 list(JOIN _agent_depends ", " CPACK_DEBIAN_AGENT_PACKAGE_DEPENDS)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
-    "cmake (>= 3.25), g++, libboost-dev, libspdlog-dev, libfmt-dev, libyaml-cpp-dev, libcli11-dev")
+    "cmake (>= 3.25), make | ninja-build, g++, libboost-dev, libspdlog-dev, libfmt-dev, libyaml-cpp-dev, libcli11-dev")
 if(CARACAL_WITH_SYSTEMD)
   string(APPEND CPACK_DEBIAN_DEV_PACKAGE_DEPENDS ", libsystemd-dev, pkgconf | pkg-config")
 endif()

@@ -82,10 +82,11 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$PWD/cmake/toolchains/$A
   -DCARACAL_WITH_DPDK=ON -DCARACAL_WITH_RDMA=ON -DCARACAL_WITH_SYSTEMD=ON \
   -DCARACAL_BUILD_TESTS=$([ $tests = 1 ] && echo ON || echo OFF) -DCARACAL_BUILD_BENCH=OFF
 labels='mqueue|control|accel|server|agent'
+# What the packages hold: the programs and their manual pages (help2man runs them under qemu).
+packaged=(snic_server caracal_examples caracal_man_pages)
 if [ $tests = 1 ]; then
-  cmake --build "$BUILD" --target snic_server caracal_echo_agent caracal_kv_agent \
-    caracal_matvec_agent caracal_tests_mqueue caracal_tests_control caracal_tests_accel \
-    caracal_tests_server caracal_tests_agent
+  cmake --build "$BUILD" --target "${packaged[@]}" caracal_tests_mqueue caracal_tests_control \
+    caracal_tests_accel caracal_tests_server caracal_tests_agent
   file "$BUILD/server/snic_server" | grep -q 'ARM aarch64' || { echo "snic_server is not arm64"; exit 1; }
   # Under emulation the stress tests take their reduced size, as under the sanitizers. A test
   # gets a second run if its first fails: under load, qemu-user has been seen to keep a
@@ -95,7 +96,7 @@ if [ $tests = 1 ]; then
     ctest --test-dir "$BUILD" -L "$labels" -LE gpu -j "$(nproc)" --output-on-failure \
       --timeout 600 --no-tests=error --repeat until-pass:2
 else
-  cmake --build "$BUILD" --target snic_server caracal_echo_agent caracal_kv_agent caracal_matvec_agent
+  cmake --build "$BUILD" --target "${packaged[@]}"
 fi
 rm -rf "$BUILD/packages"
 cpack --config "$BUILD/CPackConfig.cmake" -B "$BUILD/packages"

@@ -39,11 +39,11 @@ fail() { echo "package-install-check: $*" >&2; exit 1; }
 
 # A root with apt, then our packages installed by apt from local files (it resolves Depends
 # from the mirror). No services start in a chroot: policy-rc.d says so, as in Debian's builds.
-mmdebstrap --variant=apt --mode=root --include=netcat-openbsd,ca-certificates,systemd \
+mmdebstrap --variant=apt --mode=root --include=netcat-openbsd,ca-certificates,systemd,curl \
   --customize-hook='printf "#!/bin/sh\nexit 101\n" >"$1/usr/sbin/policy-rc.d"; chmod +x "$1/usr/sbin/policy-rc.d"' \
   --customize-hook="mkdir -p \"\$1/tmp/debs\"" \
   --customize-hook="sync-in $PKGS /tmp/debs" \
-  --customize-hook='chroot "$1" sh -c "apt-get install -y -q /tmp/debs/caracal-server_*.deb /tmp/debs/caracal-agent_*.deb"' \
+  --customize-hook='chroot "$1" sh -c "apt-get install -y -q --no-install-recommends /tmp/debs/caracal-server_*.deb /tmp/debs/caracal-agent_*.deb /tmp/debs/caracal-dev_*.deb"' \
   "$VERSION_CODENAME" "$ROOT" >"$ROOT.log" 2>&1 || { tail -30 "$ROOT.log"; fail "mmdebstrap or apt failed"; }
 rm -f "$ROOT.log"
 
@@ -64,7 +64,8 @@ done
 out=$(in_root systemd-analyze verify caracal-server.service caracal-agent@echo.service 2>&1) ||
   fail "systemd-analyze verify: $out"
 [ -z "$out" ] || fail "systemd-analyze verify warns: $out"
-for p in snic_server caracal_echo_agent caracal_kv_agent caracal_matvec_agent; do
+for p in snic_server caracal_echo_agent caracal_kv_agent caracal_matvec_agent caracal_face_agent \
+         caracal_face_loader caracal_face_client; do
   [ -e "$ROOT/usr/share/man/man1/$p.1.gz" ] || fail "no manual page for $p"
 done
 
@@ -91,8 +92,18 @@ grep -q "secret file '/etc/caracal/secret' is open to other users (mode 0644)" <
   fail "a world-readable secret was not refused: $out"
 chmod 0640 "$ROOT/etc/caracal/secret"
 
+# The SDK as installed: inside the root, where apt installed caracal-dev with only what its
+# Depends pulled in, a handler project of its own (tests/e2e/sdk.sh) is configured, built and
+# served by the installed snic_server.
+mkdir -p "$ROOT/tmp/src/tests" "$ROOT/tmp/sdk-build"
+cp -r tests/e2e "$ROOT/tmp/src/tests/"
+rc=0
+in_root env CARACAL_SDK_PREFIX=/usr bash /tmp/src/tests/e2e/sdk.sh /tmp/sdk-build /tmp/src \
+  >"$ROOT/tmp/e2e-sdk.log" 2>&1 || rc=$?
+[ "$rc" -eq 0 ] || { tail -30 "$ROOT/tmp/e2e-sdk.log"; fail "a handler project against the installed caracal-dev: sdk.sh exited $rc"; }
+
 # The end-to-end scripts, run with the installed programs in place of a build tree's.
-ran=()
+ran=(sdk)
 if [ -x "$CLIENTS/tests/e2e/caracal_pipeline_client" ]; then
   T=$ROOT/tmp/as-built
   mkdir -p "$T/server" "$T/examples/echo" "$T/tests/e2e"

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # The SDK as a handler author outside the tree gets it: `cmake --install` of this build (under
-# a DESTDIR, so that nothing of the machine's is touched), then a project of its own (the three lines of CMake of agent/README.md, and a handler
-# that reverses each message) found with find_package(Caracal), built, and served by the
-# installed snic_server: the reply over TCP is the message reversed.
+# a DESTDIR, so that nothing of the machine's is touched) or CARACAL_SDK_PREFIX, then a project
+# of its own (the three lines of CMake of agent/README.md, and a handler that reverses each
+# message) found with find_package(Caracal), built, and served by the installed snic_server:
+# the reply over TCP is the message reversed.
 source "$(dirname "$0")/lib.sh"
 need cmake nc
-PREFIX="$WORK/root$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' "$BUILD/CMakeCache.txt")"
-DESTDIR="$WORK/root" cmake --install "$BUILD" >"$WORK/install.log" 2>&1 ||
-  fail "cmake --install failed: $(tail -5 "$WORK/install.log")"
-for f in bin/snic_server include/caracal/accel/handler.hpp include/caracal/agent/agent.hpp \
-         lib/cmake/Caracal/CaracalConfig.cmake; do
+# CARACAL_SDK_PREFIX: an installation made otherwise (scripts/package-install-check.sh: the
+# caracal-dev and caracal-server packages installed by apt into a fresh root) is used as it is.
+if [ -n "${CARACAL_SDK_PREFIX:-}" ]; then
+  PREFIX=$CARACAL_SDK_PREFIX
+else
+  PREFIX="$WORK/root$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' "$BUILD/CMakeCache.txt")"
+  DESTDIR="$WORK/root" cmake --install "$BUILD" >"$WORK/install.log" 2>&1 ||
+    fail "cmake --install failed: $(tail -5 "$WORK/install.log")"
+fi
+for f in bin/snic_server include/caracal/accel/handler.hpp include/caracal/agent/agent.hpp; do
   [ -e "$PREFIX/$f" ] || fail "the install has no $f"
 done
+# lib/ or, on Debian with prefix /usr, lib/<multiarch triplet>/
+[ -n "$(find "$PREFIX"/lib* -path '*/cmake/Caracal/CaracalConfig.cmake' 2>/dev/null)" ] ||
+  fail "the install has no cmake/Caracal/CaracalConfig.cmake"
 
 mkdir -p "$WORK/reverse"
 cat >"$WORK/reverse/CMakeLists.txt" <<'CMAKE'
@@ -41,7 +50,7 @@ cmake -S "$WORK/reverse" -B "$WORK/reverse/build" "${generator[@]}" \
   -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release >"$WORK/configure.log" 2>&1 ||
   fail "the handler project does not configure: $(tail -20 "$WORK/configure.log")"
 cmake --build "$WORK/reverse/build" >"$WORK/build.log" 2>&1 ||
-  fail "the handler project does not build: $(tail -30 "$WORK/build.log")"
+  fail "the handler project does not build: $(grep -m3 -B2 -A6 "error" "$WORK/build.log")"
 
 SERVER_BIN="$PREFIX/bin/snic_server"
 start_server "io_threads: 1

@@ -123,6 +123,41 @@ if(_caracal_san)
   target_compile_definitions(caracal_options INTERFACE CARACAL_SANITIZE_${CARACAL_SANITIZE}=1)
 endif()
 
+# --- Fuzzers --------------------------------------------------------------------------------
+# libFuzzer targets (tests/fuzz): clang only. Every library is compiled with the fuzzer's
+# coverage instrumentation and ASan+UBSan, so a target sees the code it drives and a bad access
+# stops it; the targets themselves link libFuzzer's main (scripts/fuzz.sh builds and runs them).
+option(CARACAL_BUILD_FUZZERS "Build the libFuzzer targets of tests/fuzz (clang only)" OFF)
+if(CARACAL_BUILD_FUZZERS)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "CARACAL_BUILD_FUZZERS needs clang for libFuzzer, not "
+                        "${CMAKE_CXX_COMPILER_ID}: configure a build folder of its own with "
+                        "-DCMAKE_CXX_COMPILER=clang++ (scripts/fuzz.sh does)")
+  endif()
+  if(NOT CARACAL_SANITIZE STREQUAL "")
+    message(FATAL_ERROR "CARACAL_BUILD_FUZZERS brings its own ASan+UBSan; leave "
+                        "CARACAL_SANITIZE empty (it is '${CARACAL_SANITIZE}')")
+  endif()
+  include(CheckCXXSourceCompiles)
+  set(CMAKE_REQUIRED_FLAGS -fsanitize=fuzzer)
+  set(CMAKE_REQUIRED_LINK_OPTIONS -fsanitize=fuzzer)
+  check_cxx_source_compiles([[
+    #include <cstddef>
+    #include <cstdint>
+    extern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }]]
+    CARACAL_LIBFUZZER_LINKS)
+  unset(CMAKE_REQUIRED_FLAGS)
+  unset(CMAKE_REQUIRED_LINK_OPTIONS)
+  if(NOT CARACAL_LIBFUZZER_LINKS)
+    message(FATAL_ERROR "clang cannot link -fsanitize=fuzzer here: libFuzzer comes with "
+                        "Debian's libclang-rt-dev (scripts/deps.sh test installs it)")
+  endif()
+  set(_caracal_fuzz_san -fsanitize=fuzzer-no-link,address,undefined
+                        -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${_caracal_fuzz_san}>")
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
 function(_caracal_onoff var out)
   if(${var})
     set(${out} "on" PARENT_SCOPE)
@@ -134,7 +169,9 @@ _caracal_onoff(CARACAL_WITH_CUDA _c)
 _caracal_onoff(CARACAL_WITH_DPDK _d)
 _caracal_onoff(CARACAL_WITH_RDMA _r)
 _caracal_onoff(CARACAL_WITH_SYSTEMD _y)
-if(CARACAL_SANITIZE STREQUAL "")
+if(CARACAL_BUILD_FUZZERS)
+  set(_s "address (libFuzzer targets)")
+elseif(CARACAL_SANITIZE STREQUAL "")
   set(_s "none")
 else()
   set(_s "${CARACAL_SANITIZE}")

@@ -40,6 +40,10 @@ test_packages=(
   # net_af_packet among them, come with it) and its end-to-end tests: a veth pair in a network
   # namespace, the kernel side's checksum offload turned off, frames made by python3.
   libdpdk-dev ethtool
+  # The fuzz targets (scripts/fuzz.sh): clang, its libFuzzer and sanitizer runtimes (Debian 12
+  # and Ubuntu 24.04 both name the default version's libclang-rt-dev), and llvm for
+  # llvm-symbolizer, which puts file:line into a finding's stack.
+  clang libclang-rt-dev llvm
 )
 # perf, for the profiles of bench/compare (and their check in the tests): Debian packages it as
 # linux-perf; Ubuntu's perf belongs to its running kernel's linux-tools, which a container may

@@ -54,6 +54,12 @@ std::optional<Field> Field::optional(const std::string& key) const {
 void Field::allow_only(std::initializer_list<const char*> keys) const {
   expect_map();
   for (const auto& kv : node_) {
+    // A key is a name; YAML also allows a list or a mapping as one ("? [a, b]: ..."), which
+    // names no setting.
+    if (!kv.first.IsScalar()) {
+      Field(kv.first, path_, file_)
+          .fail("a setting's name must be a single word, not a list or a mapping");
+    }
     const std::string k = kv.first.as<std::string>();
     bool known = false;
     for (const char* allowed : keys)

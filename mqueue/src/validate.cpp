@@ -23,6 +23,14 @@ Status check_geometry(const char* slot_field, uint32_t slot_bytes, const char* c
                      "must be a power of two between " + std::to_string(kMinRingCapacity) +
                          " and " + std::to_string(kMaxRingCapacity));
   }
+  // The SmartNIC reads the slots a tail uncovers with one transport read, whose length is 32
+  // bits (rdma), so a ring must be shorter than 4 GiB.
+  if (uint64_t{slot_bytes} * capacity > UINT32_MAX) {
+    return bad_field(capacity_field, capacity,
+                     "with " + std::to_string(slot_bytes) + "-byte slots the ring is " +
+                         std::to_string(uint64_t{slot_bytes} * capacity) +
+                         " bytes; a ring must be shorter than 4 GiB");
+  }
   if (server_queues == 0) {
     return bad_field("server_queue_count", server_queues, "must be at least 1");
   }
@@ -89,6 +97,11 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
     return bad_field("control_bytes", h.control_bytes,
                      "too small for " + std::to_string(queues) + " queues (needs " +
                          std::to_string(control_needed) + ")");
+  }
+  // The SmartNIC reads the control area with one transport read, whose length is 32 bits.
+  if (h.control_bytes > UINT32_MAX) {
+    return bad_field("control_bytes", h.control_bytes,
+                     "must be less than 4 GiB (the control area is read at once)");
   }
   // control_offset <= region_bytes here; subtract instead of adding to rule out overflow.
   if (h.control_bytes > h.region_bytes - h.control_offset) {

@@ -92,6 +92,24 @@ const RegionCase kRegionCases[] = {
     // control_offset + control_bytes wraps to a small number: must not pass as in bounds.
     {"ControlBytesOverflowingTheOffset",
      [](RegionHeader& h, uint64_t&) { h.control_bytes = 0 - h.control_offset; }, "control_bytes"},
+    // In bounds of a huge mapping, but longer than one 32-bit read (found by fuzzing).
+    {"ControlBytesPastOneRead",
+     [](RegionHeader& h, uint64_t& mapped) {
+       h.control_bytes = uint64_t{1} << 36;
+       h.rings_offset = h.control_offset + h.control_bytes;
+       h.region_bytes = h.rings_offset + 6 * h.ring_stride;
+       mapped = h.region_bytes;
+     },
+     "control_bytes"},
+    {"RingPastOneRead",
+     [](RegionHeader& h, uint64_t& mapped) {
+       h.slot_bytes = kMaxSlotBytes;
+       h.ring_capacity = kMaxRingCapacity;
+       h.ring_stride = uint64_t{h.slot_bytes} * h.ring_capacity;
+       h.region_bytes = h.rings_offset + 6 * h.ring_stride;
+       mapped = h.region_bytes;
+     },
+     "ring_capacity"},
     {"ControlAreaWrappingFromFarOut",
      [](RegionHeader& h, uint64_t&) {
        h.control_offset = kTop;

@@ -99,6 +99,14 @@ TEST(ServerConfig, UnknownKeyNamesLineAndKnownKeys) {
       << e;
 }
 
+// A list or a mapping where a setting's name goes ("? " in YAML) is a ConfigError at its line,
+// not yaml-cpp's conversion error escaping (found by fuzzing).
+TEST(ServerConfig, KeyThatIsNotANameNamesItsLine) {
+  const std::string e = error_of(with("  secret: 0123456789abcdef0123", "? [secret]: x"));
+  EXPECT_NE(e.find("test.yaml:5:"), std::string::npos) << e;
+  EXPECT_NE(e.find("a setting's name must be a single word"), std::string::npos) << e;
+}
+
 TEST(ServerConfig, BadChoiceListsTheChoices) {
   const std::string e = error_of(with("dispatch: flow_affinity", "dispatch: random"));
   EXPECT_NE(e.find("test.yaml:13:"), std::string::npos) << e;

@@ -50,10 +50,13 @@ uint16_t pseudo_header_sum(uint32_t src_be, uint32_t dst_be, uint16_t udp_bytes)
 }
 
 RxFrame parse_arp(const rte_mbuf* m, const PortAddress& me) {
+  // Always a copy: rte_arp_hdr is 2-byte aligned, and in a chain whose first segment has an odd
+  // length the header rte_pktmbuf_read finds in place can sit at an odd address.
   rte_arp_hdr copy;
-  const auto* arp =
-      static_cast<const rte_arp_hdr*>(rte_pktmbuf_read(m, kEtherBytes, sizeof(rte_arp_hdr), &copy));
-  if (arp == nullptr) return dropped(FrameDrop::kTruncated);
+  const void* in_mbuf = rte_pktmbuf_read(m, kEtherBytes, sizeof(rte_arp_hdr), &copy);
+  if (in_mbuf == nullptr) return dropped(FrameDrop::kTruncated);
+  if (in_mbuf != &copy) std::memcpy(&copy, in_mbuf, sizeof(copy));
+  const rte_arp_hdr* arp = &copy;
   if (arp->arp_hardware != rte_cpu_to_be_16(RTE_ARP_HRD_ETHER) ||
       arp->arp_protocol != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) || arp->arp_hlen != 6 ||
       arp->arp_plen != 4) {
@@ -169,6 +172,14 @@ RxFrame parse_frame(const rte_mbuf* m, const PortAddress& me) {
   f.payload_offset = l4 + sizeof(rte_udp_hdr);
   f.payload_bytes = udp_bytes - static_cast<uint32_t>(sizeof(rte_udp_hdr));
   return f;
+}
+
+void copy_payload(const rte_mbuf* m, const RxFrame& f, std::byte* out) {
+  // An empty datagram reads nothing: in a chain, rte_pktmbuf_read of 0 bytes at the frame's end
+  // walks past the last segment (DPDK 22.11's __rte_pktmbuf_read) and dereferences null.
+  if (f.payload_bytes == 0) return;
+  const void* p = rte_pktmbuf_read(m, f.payload_offset, f.payload_bytes, out);
+  if (p != out) memcpy(out, p, f.payload_bytes);
 }
 
 void arp_request_to_reply(rte_mbuf* m, const PortAddress& me) {

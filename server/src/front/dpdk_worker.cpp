@@ -135,8 +135,7 @@ void DpdkWorker::on_frame(rte_mbuf* m) {
     return;
   }
   std::string bytes(f.payload_bytes, '\0');
-  const void* p = rte_pktmbuf_read(m, f.payload_offset, f.payload_bytes, bytes.data());
-  if (p != bytes.data() && f.payload_bytes > 0) memcpy(bytes.data(), p, f.payload_bytes);
+  dpdk::copy_payload(m, f, reinterpret_cast<std::byte*>(bytes.data()));
   rte_pktmbuf_free(m);
 
   std::optional<uint64_t> token = s.replies.acquire(shared_from_this(), peer);

@@ -55,6 +55,10 @@ struct RxFrame {
 // Classifies a received frame. Never modifies it.
 RxFrame parse_frame(const rte_mbuf* m, const PortAddress& me);
 
+// Copies the payload of a datagram parse_frame accepted (kind kUdp) to `out`, which has room for
+// f.payload_bytes, across segments.
+void copy_payload(const rte_mbuf* m, const RxFrame& f, std::byte* out);
+
 // Turns an ARP request for me.ipv4_be (checked by parse_frame) into the reply, in place, so the
 // mbuf can be sent back. The frame must be contiguous for its Ethernet and ARP headers (ARP
 // requests are 42 to 60 bytes, always in one segment).

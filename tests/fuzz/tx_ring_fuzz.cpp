@@ -66,6 +66,8 @@ struct Delivery {
 
 class Client final : public srv::ReplySink {
  public:
+  // A lane for each of the engine's threads (the fuzzer serves from thread 0).
+  explicit Client(uint32_t engine_threads) : srv::ReplySink(engine_threads) {}
   void deliver(uint32_t, uint64_t token, const boost::asio::ip::udp::endpoint&,
                srv::Reply reply) override {
     got.push_back(Delivery{token, std::move(reply)});
@@ -222,7 +224,7 @@ class Script {
   }
 
   std::shared_ptr<Client> connect() {
-    auto client = std::make_shared<Client>();
+    auto client = std::make_shared<Client>(engine_.threads());
     const std::optional<uint64_t> base = replies_.acquire(client);
     CARACAL_FUZZ_CHECK(base.has_value(), "no reply slot left");
     client->base = *base;

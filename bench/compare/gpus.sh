@@ -55,7 +55,7 @@ SRC=$(cd "$HERE/../.." && pwd)
 mkdir -p "$RESULTS/raw"
 RESULTS=$(realpath "$RESULTS")
 RAW="$RESULTS/raw"
-source "$HERE/lib.sh"  # wait_for_line
+source "$HERE/lib.sh"  # wait_for_line, pid_ticks
 
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
@@ -140,16 +140,6 @@ stop_servers() {
 }
 trap stop_servers EXIT
 
-# CPU ticks (utime + stime) so far of the PIDs given (those gone are left out).
-ticks() {
-  local sum=0 pid rest
-  for pid in "$@"; do
-    rest=$(sed -E 's/^.*\) //' "/proc/$pid/stat" 2>/dev/null) || continue
-    set -- $rest
-    sum=$((sum + ${12} + ${13}))
-  done
-  echo "$sum"
-}
 
 # answered_by_agent: "agent<TAB>answered" lines from snic_server's metrics (its per-queue
 # caracal_queue_answered_requests, summed per agent).
@@ -246,7 +236,7 @@ point() {
   local name="$experiment-$server-n$count-$proto-$kind${policy:+-$policy}"
   local t0 t1 w0 w1 rc=0 before="" after="" agents="{}"
   [ -n "$METRICS_PORT" ] && before=$(answered_by_agent)
-  t0=$(ticks "${SERVER_PIDS[@]}")
+  t0=$(pid_ticks "${SERVER_PIDS[@]}")
   w0=$(date +%s.%N)
   # ON_LOAD_START, when set, names a command started (in the background) as the load starts.
   local hook=
@@ -258,7 +248,7 @@ point() {
     --matvec-rounds "$ROUNDS" --warmup "$WARMUP" --duration "$DURATION" \
     --json "$RAW/$name.json" --label "$name" "$@" >"$RAW/$name.out" 2>&1 || rc=$?
   w1=$(date +%s.%N)
-  t1=$(ticks "${SERVER_PIDS[@]}")
+  t1=$(pid_ticks "${SERVER_PIDS[@]}")
   [ -z "$hook" ] || wait "$hook"
   if [ -n "$METRICS_PORT" ]; then
     after=$(answered_by_agent)

@@ -82,3 +82,15 @@ hold_remove() {
   echo "cannot remove the cgroup $HOLD_CG" >&2
   return 1
 }
+
+# pid_ticks PID...: CPU ticks (utime + stime) so far of the PIDs given (those gone are left out).
+pid_ticks() {
+  local sum=0 pid rest
+  for pid in "$@"; do
+    # Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
+    rest=$(sed -E 's/^.*\) //' "/proc/$pid/stat" 2>/dev/null) || continue
+    set -- $rest
+    sum=$((sum + ${12} + ${13}))
+  done
+  echo "$sum"
+}

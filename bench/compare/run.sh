@@ -206,16 +206,7 @@ launch() {
 
 # CPU ticks (utime + stime) so far of the server's processes, or of the PIDs given.
 ticks() {
-  local sum=0 pid
-  [ $# -gt 0 ] || set -- "${SERVER_PIDS[@]}"
-  for pid in "$@"; do
-    # Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
-    local rest
-    rest=$(sed -E 's/^.*\) //' "/proc/$pid/stat" 2>/dev/null) || continue
-    set -- $rest
-    sum=$((sum + ${12} + ${13}))
-  done
-  echo "$sum"
+  if [ $# -gt 0 ]; then pid_ticks "$@"; else pid_ticks "${SERVER_PIDS[@]}"; fi
 }
 
 # CPU ticks of the server's threads so far, summed per thread name (caracal-io,

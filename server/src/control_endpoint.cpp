@@ -280,10 +280,14 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     }
     auto region =
         std::make_shared<AgentRegion>(hello_.agent, hello_.epoch, svc, std::move(binding).value());
+    // Placed first: the links go where the engine serves their client queues.
+    ep_.engine_.place(*region);  // before dispatch and the engine index its queues by thread
     std::vector<std::shared_ptr<ClientLink>> links;
     for (uint32_t c = 0; c < h.client_queue_count; ++c) {
-      links.push_back(ep_.destinations_.make_link(
-          r.destinations[c], region->inbox_ptr(mqueue::client_queue_index(h, c))));
+      const uint32_t q = mqueue::client_queue_index(h, c);
+      links.push_back(ep_.destinations_.make_link(r.destinations[c], region->inbox_ptr(q),
+                                                  ep_.engine_.thread_of(*region, q),
+                                                  region->binding().shareable()));
     }
     region->set_links(std::move(links));
     if (r.transport == "rdma") {
@@ -296,7 +300,6 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
         }
       });
     }
-    ep_.engine_.place(*region);  // before dispatch and the engine index its queues by thread
     if (Status s = svc->add(region); !s.ok()) return refuse(what + ": " + s.message());
     ep_.engine_.attach(region);
     regions_.push_back(Admitted{region, svc});

@@ -26,11 +26,13 @@ namespace {
 class TcpClientLink final : public ClientLink, public std::enable_shared_from_this<TcpClientLink> {
  public:
   TcpClientLink(asio::io_context& io, const DestinationConfig& config, Codec codec,
-                std::shared_ptr<QueueInbox> inbox, Engine& engine, Registry& metrics)
+                std::shared_ptr<QueueInbox> inbox, Engine& engine, uint32_t engine_thread,
+                Registry& metrics)
       : config_(config),
         codec_(std::move(codec)),
         inbox_(std::move(inbox)),
         engine_(engine),
+        engine_thread_(engine_thread),
         strand_(asio::make_strand(io)),
         socket_(strand_),
         resolver_(strand_),
@@ -208,13 +210,14 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   void answer(uint64_t token, std::string bytes, uint16_t flags) {
     if ((flags & mqueue::kSlotError) != 0) failures_.inc();
     Message m{token, flags, std::move(bytes), std::chrono::steady_clock::now()};
-    if (inbox_->submit(m)) engine_.notify();
+    if (inbox_->submit(m)) engine_.notify(engine_thread_);
   }
 
   DestinationConfig config_;
   Codec codec_;
   std::shared_ptr<QueueInbox> inbox_;
   Engine& engine_;
+  uint32_t engine_thread_;  // serves the client queue (Engine::thread_of)
   asio::strand<asio::io_context::executor_type> strand_;
   tcp::socket socket_;
   tcp::resolver resolver_;
@@ -240,8 +243,8 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
 }  // namespace
 
 Destinations::Destinations(IoPool& io, const std::vector<DestinationConfig>& config, Engine& engine,
-                           Registry& metrics)
-    : io_(io), engine_(engine), metrics_(metrics) {
+                           Registry& metrics, bool engine_hosted)
+    : io_(io), engine_(engine), metrics_(metrics), engine_hosted_(engine_hosted) {
   for (const DestinationConfig& d : config)
     config_.emplace(d.name, d);
 }
@@ -254,13 +257,15 @@ std::string Destinations::names() const {
 }
 
 std::shared_ptr<ClientLink> Destinations::make_link(const std::string& name,
-                                                    std::shared_ptr<QueueInbox> inbox) {
+                                                    std::shared_ptr<QueueInbox> inbox,
+                                                    uint32_t engine_thread, bool colocate) {
   const DestinationConfig& c = config_.at(name);
   Result<Codec> codec = Codec::make(c.framing);
   if (!codec.ok())
     throw std::invalid_argument("destination " + name + ": " + codec.status().message());
-  return std::make_shared<TcpClientLink>(io_.next(), c, std::move(codec).value(), std::move(inbox),
-                                         engine_, metrics_);
+  asio::io_context& io = engine_hosted_ && colocate ? io_.at(engine_thread) : io_.next();
+  return std::make_shared<TcpClientLink>(io, c, std::move(codec).value(), std::move(inbox), engine_,
+                                         engine_thread, metrics_);
 }
 
 }  // namespace caracal::server

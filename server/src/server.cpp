@@ -52,7 +52,8 @@ Server::Server(ServerConfig config, ServerOptions options)
   for (const ServiceConfig& s : config_.services) {
     services_.push_back(std::make_unique<Service>(s, engine_, metrics_));
   }
-  destinations_ = std::make_unique<Destinations>(io_, config_.destinations, engine_, metrics_);
+  destinations_ = std::make_unique<Destinations>(io_, config_.destinations, engine_, metrics_,
+                                                 config_.engine_threads == 0);
 }
 
 Server::~Server() {

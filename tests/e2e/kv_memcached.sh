@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The key-lookup example against a real memcached started here: the handler calls memcached
-# through a client queue (the server holds the connection; two engine threads, so the server
-# queue and the client queue are served by different ones). Hits, misses, bad keys, a value
-# changed behind its back, and memcached going away (error replies, then recovery).
+# through a client queue (the server holds the connection; two engine threads, so one of the
+# two server queues is served by another thread than the client queue). Hits, misses, bad
+# keys, a value changed behind its back, and memcached going away (error replies, then
+# recovery).
 source "$(dirname "$0")/lib.sh"
 need memcached nc curl
 KV_AGENT="$BUILD/examples/kv_lookup/caracal_kv_agent"

@@ -478,6 +478,35 @@ TEST(EnginePlacement, RegionsAreDealtOneAfterAnotherOverEveryThread) {
   EXPECT_EQ(engine.thread_of(*c.region, 0), 2u);
 }
 
+// Client queue c is served by the thread of server queue c, wherever the region was placed; an
+// index past the region's queues falls back to thread 0.
+TEST(EnginePlacement, ClientQueueGoesWithItsServerQueue) {
+  ReplyTable replies(64);
+  Engine engine(replies, EngineOptions{.threads = 4});
+  mqueue::RegionGeometry g;
+  g.server_queue_count = 6;
+  g.client_queue_count = 6;
+  g.slot_bytes = 64;
+  g.ring_capacity = 64;
+  g.max_message_bytes = 256;
+  test::TestRegion first = test::make_test_region("first", g, 7, nullptr);
+  test::TestRegion second = test::make_test_region("second", g, 7, nullptr);
+  ASSERT_TRUE(first.region && second.region);
+  engine.place(*first.region);
+  engine.place(*second.region);
+  ASSERT_EQ(second.region->engine_base(), 2u);  // 6 % 4
+  std::vector<uint32_t> per_thread(4, 0);
+  for (const test::TestRegion* t : {&first, &second}) {
+    for (uint32_t c = 0; c < 6; ++c) {
+      const uint32_t q = mqueue::client_queue_index(t->region->header(), c);
+      EXPECT_EQ(engine.thread_of(*t->region, q), engine.thread_of(*t->region, c)) << "client " << c;
+      ++per_thread[engine.thread_of(*t->region, q)];
+    }
+  }
+  EXPECT_EQ(per_thread, std::vector<uint32_t>(4, 3));  // 12 client queues over 4 threads
+  EXPECT_EQ(engine.thread_of(*first.region, 12), 0u);
+}
+
 // One engine thread serves everything, wherever a region was placed.
 TEST(EnginePlacement, OneThreadServesEveryQueue) {
   ReplyTable replies(64);

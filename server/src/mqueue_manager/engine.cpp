@@ -55,9 +55,14 @@ void Engine::place(AgentRegion& region) {
 
 uint32_t Engine::thread_of(const AgentRegion& region, uint32_t queue) const {
   const auto n = static_cast<uint32_t>(threads_.size());
-  if (n == 1 || queue >= region.server_queues() || !region.binding().shareable()) return 0;
-  // Both below n: no overflow.
-  return (region.engine_base() % n + queue % n) % n;
+  const uint32_t servers = region.server_queues();
+  if (n == 1 || queue >= servers + region.client_queues() || !region.binding().shareable()) {
+    return 0;
+  }
+  // Client queue c goes where server queue c goes: a handler that calls out on the client queue
+  // of its own server queue has both served by one thread. Both terms below n: no overflow.
+  const uint32_t index = queue < servers ? queue : queue - servers;
+  return (region.engine_base() % n + index % n) % n;
 }
 
 std::vector<std::vector<uint32_t>> Engine::queues_by_thread(const AgentRegion& region) const {
@@ -124,8 +129,8 @@ void Engine::note_dispatched(const AgentRegion& region, uint32_t queue) {
   threads_[thread_of(region, queue)]->note_dispatched();
 }
 
-void Engine::notify() {
-  threads_[0]->notify();
+void Engine::notify(uint32_t thread) {
+  threads_.at(thread)->notify();
 }
 
 int64_t Engine::in_flight(uint32_t thread) const {

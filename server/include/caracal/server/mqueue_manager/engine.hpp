@@ -10,14 +10,15 @@
 // the queue's destination link, and the destination's replies come back through the queue's inbox
 // into its RX ring.
 //
-// With several engine threads (EngineOptions::threads), the server queues of a region whose
-// binding allows it (shm) are dealt among them: queue q is served by thread (b + q) % threads,
-// and only by it, so every queue still has one producer and one consumer on this side. The base
-// b is where the region placed before it ended (place()), so that the queues of several regions
-// (an agent per GPU) together spread over every thread rather than all starting at thread 0. A
-// region that cannot be shared (rdma: one queue pair, one completion queue) and every client
-// queue are served by thread 0. With more threads than queues some threads serve none; dispatch
-// then lends them another thread's queues (dispatch.hpp).
+// With several engine threads (EngineOptions::threads), the queues of a region whose binding
+// allows it (shm) are dealt among them: server queue q is served by thread (b + q) % threads,
+// and only by it, so every queue still has one producer and one consumer on this side; client
+// queue c by the thread of server queue c, (b + c) % threads. The base b is where the region
+// placed before it ended (place()), so that the queues of several regions (an agent per GPU)
+// together spread over every thread rather than all starting at thread 0. A region that cannot
+// be shared (rdma: one queue pair, one completion queue) is served by thread 0. With more
+// threads than queues some threads serve none; dispatch then lends them another thread's
+// queues (dispatch.hpp).
 //
 // Hosted engine threads (snic_server's `engine_threads: 0`): each I/O thread runs one engine
 // thread's rounds itself, between its socket handlers, instead of handing requests to an engine
@@ -115,9 +116,9 @@ class Engine {
   // Called after a request was submitted to `queue`'s inbox: counts it in flight on the thread
   // that serves the queue and wakes that thread if it sleeps.
   void note_dispatched(const AgentRegion& region, uint32_t queue);
-  // Called after a destination's reply was submitted to a client queue's inbox: wakes the
-  // thread that serves client queues (thread 0) if it sleeps.
-  void notify();
+  // Called after a destination's reply was submitted to a client queue's inbox: wakes
+  // `thread`, the one that serves the queue (thread_of()), if it sleeps.
+  void notify(uint32_t thread);
 
   // Requests dispatched to some region and not yet answered or failed.
   int64_t in_flight() const;

@@ -3,10 +3,14 @@
 #
 #   bench/compare/gpus.sh BUILD_DIR RESULTS_DIR [--cpu-only]
 #
-# The handler is matvec with ROUNDS networks per vector (examples/matvec: the GPU's time per
-# request grows with it, and caracal_loadgen checks every reply against the CPU reference with
-# the same rounds). For each count n of accelerators in COUNTS (1 to the GPUs that
-# `nvidia-smi -L` lists):
+# The handler (HANDLER) is matvec with ROUNDS networks per vector (examples/matvec: the GPU's
+# time per request grows with it, and caracal_loadgen checks every reply against the CPU
+# reference with the same rounds), or face: face verification (examples/face_verify, 4104-byte
+# requests) with the references in a memcached of the run's own ($MEMCACHED or memcached from
+# PATH, MEMCACHED_THREADS threads, FACE_PERSONS references), which every agent's client queues
+# and the host-centric server's I/O threads call (loadgen checks every verdict against the CPU
+# reference). For each count n of accelerators in COUNTS (1 to the GPUs that `nvidia-smi -L`
+# lists):
 #   caracal       one snic_server (io_threads THREADS, service `matvec` with DISPATCH) and n
 #                 caracal_matvec_agent processes, agent i on gpu:i (cpu with --cpu-only), each
 #                 registering AGENT_QUEUES queues over shm: one service dispatched across all of
@@ -16,7 +20,7 @@
 # and for each protocol of PROTOS: throughput at saturation (closed loop, SAT_CONNECTIONS x
 # SAT_WINDOW from LOADGEN_THREADS threads), then for UDP an open-loop sweep at OPEN_FRACTIONS of
 # that saturation (latency against load). With two accelerators or more, two more experiments
-# on Caracal:
+# on Caracal (unequal with matvec only: its agent is the one that can be slowed):
 #   unequal  two agents, the second slowed on purpose (--delay-us SLOW_DELAY_US per request, the
 #            answer unchanged), under round_robin and under least_loaded: how the requests
 #            spread (each agent's answered requests, from snic_server's per-queue
@@ -35,7 +39,8 @@
 # run.json), then gpus_report.py writes RESULTS_DIR/gpus.json (every point with the machine,
 # GPUs, date and CARACAL_COMMIT), gpus.md (the tables) and, with matplotlib, the plots.
 #
-# Knobs (environment; GPU defaults, then --cpu-only's): GPUS (accelerators: nvidia-smi -L's
+# Knobs (environment; GPU defaults, then --cpu-only's): HANDLER (matvec), FACE_PERSONS (10000),
+# MEMCACHED_THREADS (4), FACE_TIMEOUT_MS (1000), GPUS (accelerators: nvidia-smi -L's
 # count; 2), COUNTS ("1 2 ... GPUS"), SERVERS ("caracal host_centric"; "caracal"), ROUNDS (32;
 # 1), SIZE (1024; 64), PROTOS ("udp tcp"), THREADS (8; 2), ENGINE_THREADS (snic_server's
 # engine_threads; unset: left out), AGENT_QUEUES (64; 2), GPU_BURST (the agents' gpu.burst and
@@ -55,13 +60,27 @@ SRC=$(cd "$HERE/../.." && pwd)
 mkdir -p "$RESULTS/raw"
 RESULTS=$(realpath "$RESULTS")
 RAW="$RESULTS/raw"
-source "$HERE/lib.sh"  # wait_for_line, pid_ticks
+source "$HERE/lib.sh"  # wait_for_line, pid_ticks, start_memcached
 
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
 SNIC="$BUILD/server/snic_server"
-AGENT="$BUILD/examples/matvec/caracal_matvec_agent"
-for bin in "$LOADGEN" "$SNIC" "$AGENT"; do
+HANDLER=${HANDLER:-matvec}
+FACE_LOADER="$BUILD/examples/face_verify/caracal_face_loader"
+FACE_PERSONS=${FACE_PERSONS:-10000}
+MEMCACHED_THREADS=${MEMCACHED_THREADS:-4}
+FACE_TIMEOUT_MS=${FACE_TIMEOUT_MS:-1000}
+case "$HANDLER" in
+  matvec) AGENT="$BUILD/examples/matvec/caracal_matvec_agent" needs=() ;;
+  face)
+    AGENT="$BUILD/examples/face_verify/caracal_face_agent"
+    MEMCACHED=${MEMCACHED:-$(command -v memcached || true)}
+    [ -n "$MEMCACHED" ] || { echo "gpus.sh: face needs memcached (install it or set MEMCACHED)" >&2; exit 2; }
+    needs=("$FACE_LOADER" "$MEMCACHED")
+    ;;
+  *) echo "gpus.sh: HANDLER is matvec or face, not '$HANDLER'" >&2; exit 2 ;;
+esac
+for bin in "$LOADGEN" "$SNIC" "$AGENT" "${needs[@]}"; do
   [ -x "$bin" ] || { echo "gpus.sh: $bin is missing (build the benchmarks first)" >&2; exit 2; }
 done
 
@@ -109,7 +128,12 @@ LOSS_DURATION=${LOSS_DURATION:-$d_loss_duration}
 LOSS_KILL_AT=${LOSS_KILL_AT:-$d_kill_at}
 SAMPLE_MS=${SAMPLE_MS:-100}
 EXPERIMENTS=${EXPERIMENTS:-"scaling unequal loss"}
-MAX_MESSAGE=$((SIZE > 1024 ? SIZE : 1024))
+if [ "$HANDLER" = face ]; then
+  SIZE=4104  # a person id and a 64x64 image (examples/face_verify/face_format.hpp)
+  MAX_MESSAGE=8192
+else
+  MAX_MESSAGE=$((SIZE > 1024 ? SIZE : 1024))
+fi
 largest=0
 for n in $COUNTS; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] && [ "$n" -le "$GPUS" ] ||
@@ -138,7 +162,8 @@ stop_servers() {
   PIDS=()
   SERVER_PIDS=()
 }
-trap stop_servers EXIT
+MC_PID=
+trap 'stop_servers; [ -z "$MC_PID" ] || kill -KILL "$MC_PID" 2>/dev/null' EXIT
 
 
 # answered_by_agent: "agent<TAB>answered" lines from snic_server's metrics (its per-queue
@@ -161,12 +186,14 @@ log_level: warn
 control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 100, agent_timeout_ms: 5000 }
 metrics: { listen: 127.0.0.1:0 }
 services:
-  - name: matvec
+  - name: $HANDLER
     max_message_bytes: $MAX_MESSAGE
     dispatch: $policy
     listeners:
       - { protocol: udp, listen: 127.0.0.1:0, error_reply: 'ERROR {reason}' }
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 }, error_reply: 'ERROR {reason}' }
+$([ "$HANDLER" = face ] && echo "destinations:
+  - { name: memcached, connect: 127.0.0.1:$MC_PORT, framing: { kind: memcached }, max_message_bytes: 8192, timeout_ms: $FACE_TIMEOUT_MS }")
 YAML
   "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
   local spid=$!
@@ -185,7 +212,8 @@ YAML
     accel="gpu:$i"
     [ "$CPU_ONLY" -eq 1 ] && accel=cpu
     extra=()
-    [ "$slow" = slow ] && [ "$i" -eq $((agents - 1)) ] && extra=(--delay-us "$SLOW_DELAY_US")
+    [ "$HANDLER" = matvec ] && extra=(--rounds "$ROUNDS")
+    [ "$slow" = slow ] && [ "$i" -eq $((agents - 1)) ] && extra+=(--delay-us "$SLOW_DELAY_US")
     cat >"$log-agent$i.yaml" <<YAML
 agent: acc$i
 server: 127.0.0.1:$control
@@ -197,9 +225,9 @@ cpu: { workers: 1, burst: $GPU_BURST }
 $([ "$CPU_ONLY" -eq 0 ] && echo "gpu: { workers: 0, burst: $GPU_BURST }")
 reconnect_interval_ms: 100
 services:
-  - { name: matvec, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE }
+  - { name: $HANDLER, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE$(client_queues) }
 YAML
-    "$AGENT" --config "$log-agent$i.yaml" --rounds "$ROUNDS" "${extra[@]}" >"$log-agent$i.log" 2>&1 &
+    "$AGENT" --config "$log-agent$i.yaml" "${extra[@]}" >"$log-agent$i.log" 2>&1 &
     AGENT_PIDS+=("$!")
     PIDS+=("$!")
   done
@@ -210,12 +238,23 @@ YAML
   SERVER_PIDS+=("${AGENT_PIDS[@]}")
 }
 
+# client_queues: the face agent's client queues, one per queue (each block then calls memcached
+# on its own), as the tail of its service's YAML mapping; nothing for matvec.
+client_queues() {
+  [ "$HANDLER" = face ] || return 0
+  local q out=""
+  for q in $(seq "$AGENT_QUEUES"); do out="$out${out:+, }{ destination: memcached }"; done
+  echo ", client_queues: [ $out ]"
+}
+
 # start_host_centric NAME GPUS: the host-centric server on GPUs 0..GPUS-1.
 start_host_centric() {
-  local name=$1 gpus=$2 log="$RAW/$1"
-  "$HC_SERVER" --handler matvec --threads "$THREADS" --max-message-bytes "$MAX_MESSAGE" \
+  local name=$1 gpus=$2 log="$RAW/$1" extra=(--matvec-rounds "$ROUNDS")
+  [ "$HANDLER" = face ] &&
+    extra=(--memcached "127.0.0.1:$MC_PORT" --memcached-timeout-ms "$FACE_TIMEOUT_MS")
+  "$HC_SERVER" --handler "$HANDLER" --threads "$THREADS" --max-message-bytes "$MAX_MESSAGE" \
     --batch "$BATCH" --batch-timeout-us "$BATCH_TIMEOUT_US" --gpus "$(seq -s, 0 $((gpus - 1)))" \
-    --matvec-rounds "$ROUNDS" >"$log-server.log" 2>&1 &
+    "${extra[@]}" >"$log-server.log" 2>&1 &
   local pid=$!
   PIDS+=("$pid")
   wait_for_line "$log-server.log" "^listening udp" 30 || return 1
@@ -244,8 +283,10 @@ point() {
     $ON_LOAD_START &
     hook=$!
   fi
-  "$LOADGEN" --port "$port" --proto "$proto" --handler matvec --size "$SIZE" \
-    --matvec-rounds "$ROUNDS" --warmup "$WARMUP" --duration "$DURATION" \
+  local work=(--matvec-rounds "$ROUNDS")
+  [ "$HANDLER" = face ] && work=(--face-persons "$FACE_PERSONS")
+  "$LOADGEN" --port "$port" --proto "$proto" --handler "$HANDLER" --size "$SIZE" \
+    "${work[@]}" --warmup "$WARMUP" --duration "$DURATION" \
     --json "$RAW/$name.json" --label "$name" "$@" >"$RAW/$name.out" 2>&1 || rc=$?
   w1=$(date +%s.%N)
   t1=$(pid_ticks "${SERVER_PIDS[@]}")
@@ -276,6 +317,8 @@ saturation_rps() {
 
 has() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }
 
+[ "$HANDLER" = face ] && { start_memcached || exit 1; }
+
 # Throughput (and latency against load) against the number of accelerators.
 if has "$EXPERIMENTS" scaling; then
   for n in $COUNTS; do
@@ -304,7 +347,7 @@ if has "$EXPERIMENTS" scaling; then
 fi
 
 # Two agents of unequal speed, under each policy.
-if has "$EXPERIMENTS" unequal && [ "$GPUS" -ge 2 ]; then
+if has "$EXPERIMENTS" unequal && [ "$GPUS" -ge 2 ] && [ "$HANDLER" = matvec ]; then
   for policy in round_robin least_loaded; do
     log "== unequal: 2 agents, the second slowed by $SLOW_DELAY_US us per request, $policy"
     start_caracal "unequal-$policy" 2 "$policy" slow || { FAILED=$((FAILED + 1)); stop_servers; continue; }
@@ -356,7 +399,7 @@ gpu_list=$( (nvidia-smi --query-gpu=index,name,driver_version --format=csv,nohea
   echo "  \"kernel\": \"$(uname -sr)\","
   echo "  \"hostname\": \"$(hostname)\","
   echo "  \"servers\": \"$SERVERS\","
-  echo "  \"params\": {\"counts\": \"$COUNTS\", \"rounds\": $ROUNDS, \"size\": $SIZE, \"protos\": \"$PROTOS\", \"threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"agent_queues\": $AGENT_QUEUES, \"gpu_burst\": $GPU_BURST, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"dispatch\": \"$DISPATCH\", \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"loadgen_threads\": $LOADGEN_THREADS, \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"open_fractions\": \"$OPEN_FRACTIONS\", \"slow_delay_us\": $SLOW_DELAY_US, \"loss_agents\": $LOSS_AGENTS, \"loss_duration_s\": $LOSS_DURATION, \"loss_kill_at_s\": $LOSS_KILL_AT, \"sample_ms\": $SAMPLE_MS, \"experiments\": \"$EXPERIMENTS\"},"
+  echo "  \"params\": {\"handler\": \"$HANDLER\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"counts\": \"$COUNTS\", \"rounds\": $ROUNDS, \"size\": $SIZE, \"protos\": \"$PROTOS\", \"threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"agent_queues\": $AGENT_QUEUES, \"gpu_burst\": $GPU_BURST, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"dispatch\": \"$DISPATCH\", \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"loadgen_threads\": $LOADGEN_THREADS, \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"open_fractions\": \"$OPEN_FRACTIONS\", \"slow_delay_us\": $SLOW_DELAY_US, \"loss_agents\": $LOSS_AGENTS, \"loss_duration_s\": $LOSS_DURATION, \"loss_kill_at_s\": $LOSS_KILL_AT, \"sample_ms\": $SAMPLE_MS, \"experiments\": \"$EXPERIMENTS\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

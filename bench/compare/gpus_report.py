@@ -100,6 +100,14 @@ def find(points, **kw):
     return [p for p in points if all(p.get(k) == v for k, v in kw.items())]
 
 
+def workload(run):
+    """The handler and its work per request, as the tables and plots name it."""
+    p = run["params"]
+    if p.get("handler", "matvec") == "face":
+        return f"face verification, {p['face_persons']} references in memcached"
+    return f"matvec, {p['rounds']} rounds"
+
+
 def scaling_section(run, md):
     pts = run["points"]
     counts = sorted({p["accelerators"] for p in find(pts, experiment="scaling")})
@@ -107,8 +115,8 @@ def scaling_section(run, md):
         return
     kind = "CPU agents" if run["cpu_only"] else "GPUs"
     md.append(f"## Throughput against {kind}\n")
-    md.append(f"matvec, {run['params']['rounds']} rounds, {run['params']['size']} B requests; "
-              f"closed loop, {run['params']['sat_connections']} connections x "
+    md.append(f"{workload(run)}, {run['params']['size']} B requests; closed loop, "
+              f"{run['params']['sat_connections']} connections x "
               f"{run['params']['sat_window']} in flight. k req/s (speedup over 1; server cores; "
               "p50 / p99 us).\n")
     head = "| server | proto | " + " | ".join(f"{n} {kind}" for n in counts) + " |"
@@ -318,7 +326,7 @@ def plots(run, results):
         ax.set_ylabel("k req/s at saturation")
         ax.set_xticks(sorted({r["accelerators"] for r in sc}))
         ax.set_ylim(bottom=0)
-        ax.set_title(f"matvec, {run['params']['rounds']} rounds, {run['params']['size']} B")
+        ax.set_title(f"{workload(run)}, {run['params']['size']} B")
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()

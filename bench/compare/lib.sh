@@ -94,3 +94,27 @@ pid_ticks() {
   done
   echo "$sum"
 }
+
+# start_memcached: a memcached of the run's own for the face references ($MEMCACHED, on a free
+# loopback port, $MEMCACHED_THREADS threads; as nobody when root), loaded with $FACE_PERSONS
+# references by $FACE_LOADER. Sets MC_PORT and MC_PID (the caller kills it); its logs go to
+# $RAW/memcached.log and $RAW/face-loader.log.
+start_memcached() {
+  local as_user=()
+  [ "$(id -u)" -eq 0 ] && as_user=(-u nobody)
+  MC_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$MEMCACHED" "${as_user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m 1024 -c 4096 \
+    -t "$MEMCACHED_THREADS" >"$RAW/memcached.log" 2>&1 &
+  MC_PID=$!
+  local _
+  for _ in $(seq 100); do
+    if "$FACE_LOADER" --memcached "127.0.0.1:$MC_PORT" --persons "$FACE_PERSONS" \
+      >"$RAW/face-loader.log" 2>&1; then
+      echo "memcached on $MC_PORT: $(cat "$RAW/face-loader.log")" >&2
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "$(basename "$0"): memcached did not start or take the references (memcached.log, face-loader.log in $RAW)" >&2
+  return 1
+}

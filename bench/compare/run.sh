@@ -195,7 +195,7 @@ trap 'stop_servers; hold_remove; [ -z "$MC_PID" ] || kill -KILL "$MC_PID" 2>/dev
 
 log() { echo "[$(($(date +%s) - T0))s] $*" >&2; }
 
-source "$(dirname "$0")/lib.sh"  # wait_for_line, hold_*
+source "$(dirname "$0")/lib.sh"  # wait_for_line, hold_*, start_memcached
 
 # launch COMMAND...: runs COMMAND (in the background), in the held group while HOLDING is 1.
 launch() {
@@ -240,25 +240,6 @@ client_queues() {
   local q out=""
   for q in $(seq "$AGENT_QUEUES"); do out="$out${out:+, }{ destination: memcached }"; done
   echo ", client_queues: [ $out ]"
-}
-
-# start_memcached: the face references' memcached (MC_PORT, MC_PID), loaded with FACE_PERSONS
-# references.
-start_memcached() {
-  local as_user=()
-  [ "$(id -u)" -eq 0 ] && as_user=(-u nobody)
-  MC_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  "$MEMCACHED" "${as_user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m 1024 -c 4096 \
-    -t "$MEMCACHED_THREADS" >"$RAW/memcached.log" 2>&1 &
-  MC_PID=$!
-  local _
-  for _ in $(seq 100); do
-    "$FACE_LOADER" --memcached "127.0.0.1:$MC_PORT" --persons "$FACE_PERSONS" \
-      >"$RAW/face-loader.log" 2>&1 && { log "memcached on $MC_PORT: $(cat "$RAW/face-loader.log")"; return 0; }
-    sleep 0.1
-  done
-  echo "run.sh: memcached did not start or take the references (raw/memcached.log, raw/face-loader.log)" >&2
-  return 1
 }
 
 # start_server SERVER HANDLER: starts it; sets UDP_PORT, TCP_PORT and SERVER_PIDS (and, for

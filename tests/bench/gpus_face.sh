@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# bench/compare/gpus.sh with the face verification handler, small, on two CPU agents
+# (--cpu-only): a memcached of the run's own, throughput against 1 and 2 agents whose client
+# queues fetch the references from it, and the second agent killed (SIGKILL) under TCP load.
+# Every verdict is checked against the CPU reference by loadgen; each agent must have answered
+# its share and called memcached through client queues of its own. It keeps the face form of
+# the script working; it measures nothing.
+set -euo pipefail
+BUILD=$(realpath "${1:?build directory}")
+SRC=$(realpath "${2:?source directory}")
+command -v python3 >/dev/null || { echo "python3 is missing (scripts/deps.sh test)"; exit 77; }
+command -v memcached >/dev/null || { echo "SKIP: memcached is not installed (scripts/deps.sh test)"; exit 77; }
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+if ! HANDLER=face FACE_PERSONS=200 MEMCACHED_THREADS=1 EXPERIMENTS="scaling loss" \
+  CARACAL_COMMIT=ci-smoke "$SRC/bench/compare/gpus.sh" "$BUILD" "$WORK/out" --cpu-only \
+  >"$WORK/run.log" 2>&1; then
+  cat "$WORK/run.log"
+  echo "FAIL: gpus.sh exited non-zero"
+  exit 1
+fi
+cat "$WORK/run.log"
+grep -q "stored 200 references" "$WORK/out/raw/face-loader.log" ||
+  { echo "FAIL: the loader did not store the face set"; exit 1; }
+for i in 0 1; do
+  grep -q "client_queues: \[ { destination: memcached }, { destination: memcached } \]" \
+    "$WORK/out/raw/scaling-caracal-n2-agent$i.yaml" ||
+    { echo "FAIL: agent $i had no client queues"; exit 1; }
+done
+
+python3 - "$WORK/out/gpus.json" <<'PY'
+import json
+import sys
+
+run = json.load(open(sys.argv[1]))
+problems = []
+if run["failed_points"] != 0:
+    problems.append(f"{run['failed_points']} points failed")
+if run["params"].get("handler") != "face" or run["params"]["size"] != 4104:
+    problems.append(f"not a face run: {run['params']}")
+points = run["points"]
+for n in (1, 2):
+    for proto in ("udp", "tcp"):
+        found = [p for p in points if p["experiment"] == "scaling" and p["accelerators"] == n
+                 and p["proto"] == proto and p["kind"] == "saturation"]
+        if len(found) != 1:
+            problems.append(f"scaling {n} {proto}: {len(found)} points")
+            continue
+        p = found[0]
+        c = p.get("counts") or {}
+        if p.get("loadgen_rc") != 0 or c.get("wrong", 1) or c.get("error_replies", 1):
+            problems.append(f"scaling {n} {proto}: loadgen {p.get('loadgen_rc')}, counts {c}")
+        served = p.get("answered_by_agent") or {}
+        if sorted(served) != [f"acc{i}" for i in range(n)] or min(served.values()) <= 0:
+            problems.append(f"scaling {n} {proto}: agents answered {served}")
+loss = [p for p in points if p["experiment"] == "loss"]
+if len(loss) != 1:
+    problems.append(f"loss: {len(loss)} points")
+else:
+    c = loss[0]["counts"]
+    if loss[0]["loadgen_rc"] != 0 or c["wrong"] or c["unanswered"] or c["connection_errors"]:
+        problems.append(f"loss: loadgen {loss[0]['loadgen_rc']}, counts {c}")
+for problem in problems:
+    print("FAIL:", problem)
+sys.exit(1 if problems else 0)
+PY
+grep -qF "face verification, 200 references in memcached" "$WORK/out/gpus.md" ||
+  { echo "FAIL: gpus.md does not name the face workload"; exit 1; }
+echo "gpus.sh HANDLER=face: scaling and a lost agent, every verdict right"

@@ -16,19 +16,26 @@ failed=0
 for spec in "$@"; do
   name=${spec%%=*}
   archive=$(realpath "${spec#*=}")
-  src="$work/$name/src"
-  rm -rf "$src" && mkdir -p "$src" && tar -xf "$archive" -C "$src" || exit 2
-  if ! { cmake -S "$src" -B "$work/$name/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF >"$work/$name/cmake.log" 2>&1 &&
-    cmake --build "$work/$name/build" --target snic_server >>"$work/$name/cmake.log" 2>&1; }; then
-    echo "ab.sh: $name: the build failed (see $work/$name/cmake.log)" >&2
-    tail -20 "$work/$name/cmake.log" >&2
-    failed=$((failed + 1))
-    continue
+  # One build per archive, kept while the archive is the same: a version run again (an
+  # interleaved round) is not built again.
+  sum=$(sha256sum "$archive" | cut -c1-16)
+  dir="$work/$(basename "$archive" .tar)"
+  server="$dir/build/server/snic_server"
+  if [ "$(cat "$dir/archive.sha256" 2>/dev/null)" != "$sum" ] || [ ! -x "$server" ]; then
+    rm -rf "$dir" && mkdir -p "$dir/src" && tar -xf "$archive" -C "$dir/src" || exit 2
+    if ! { cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF >"$dir/cmake.log" 2>&1 &&
+      cmake --build "$dir/build" --target snic_server >>"$dir/cmake.log" 2>&1; }; then
+      echo "ab.sh: $name: the build failed (see $dir/cmake.log)" >&2
+      tail -20 "$dir/cmake.log" >&2
+      failed=$((failed + 1))
+      continue
+    fi
+    echo "$sum" >"$dir/archive.sha256"
   fi
   echo "== $name ($archive)"
   CARACAL_COMMIT="$name ($(basename "$archive"))" SERVERS=caracal \
-    SNIC="$work/$name/build/server/snic_server" \
+    SNIC="$server" \
     "$here/run.sh" "$build" "$results/$name" || failed=$((failed + 1))
 done
 exit "$failed"

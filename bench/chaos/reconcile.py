@@ -130,9 +130,6 @@ def main():
         i["counters"] = Counters(parse_samples(finals)) if i["exact"] else scraped
         if i["counters"] is None:
             i["counters"] = Counters([])
-        # Requests the server failed when an agent was lost, as it logged them.
-        i["failed_logged"] = sum(int(m.group(1)) for l in log
-                                 for m in [re.search(r"(\d+) request\(s\) in flight failed", l)] if m)
     order = sorted(inc)
     killed = [k for k in order if not inc[k]["exact"]]
 
@@ -276,7 +273,6 @@ def main():
             reasons[key][proto] += n
     agent_lost = reasons["agent lost"]["udp"] + reasons["agent lost"]["tcp"]
     service_errors = sum(inc[k]["counters"].service_errors for k in order)
-    failed_logged = sum(inc[k]["failed_logged"] for k in order)
     no_agent = {p: sum(inc[k]["counters"].listener_drops[p].get("no_agent", 0) for k in order)
                 for p in ("udp", "tcp")}
     late_errors = u["late_error_replies"] + cats["tcp"]["late_error_replies"]
@@ -352,7 +348,7 @@ def main():
                 "server_drops_without_reply": noreply, "lost_in_restart_windows": lost_in_windows,
                 "lost_elsewhere": lost_elsewhere, "per_incarnation": udp_rows},
         "tcp": {"per_incarnation": tcp_rows},
-        "server": {"service_errors": service_errors, "failed_logged": failed_logged,
+        "server": {"service_errors": service_errors,
                    "per_incarnation": [{"incarnation": k, "stopped": inc[k]["how"],
                                         "exact": inc[k]["exact"], "rc": inc[k].get("rc"),
                                         **inc[k]["counters"].as_dict()} for k in order]},

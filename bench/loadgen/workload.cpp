@@ -128,8 +128,23 @@ void Workload::next_request(Slot& slot) const {
   }
 }
 
-Verdict Workload::verify(const Slot& slot, const std::byte* reply, uint32_t size,
-                         std::string& why) const {
+const char* wrong_kind_name(WrongKind kind) {
+  switch (kind) {
+    case WrongKind::kCorrupt:
+      return "corrupt";
+    case WrongKind::kOtherClient:
+      return "another client's reply";
+    case WrongKind::kOtherSlot:
+      return "another slot's reply";
+    case WrongKind::kOtherRequest:
+      return "another request's reply";
+  }
+  return "?";
+}
+
+Verdict Workload::verify(const Slot& slot, const std::byte* reply, uint32_t size, std::string& why,
+                         WrongKind* kind) const {
+  WrongKind wrong = WrongKind::kCorrupt;
   if (kind_ == HandlerKind::kEcho) {
     if (size == slot.bytes.size() && std::memcmp(reply, slot.bytes.data(), size) == 0) {
       return Verdict::kOk;
@@ -137,8 +152,25 @@ Verdict Workload::verify(const Slot& slot, const std::byte* reply, uint32_t size
     if (size >= 8) {
       uint64_t id;
       std::memcpy(&id, reply, sizeof id);
-      if ((id >> 32) == slot.slot_id && static_cast<uint32_t>(id) < slot.seq) return Verdict::kLate;
+      const auto id_slot = static_cast<uint32_t>(id >> 32);
+      const auto id_seq = static_cast<uint32_t>(id);
+      if (id_slot == slot.slot_id && id_seq < slot.seq) return Verdict::kLate;
+      if (id_slot >> kSlotClientShift != slot.slot_id >> kSlotClientShift) {
+        wrong = WrongKind::kOtherClient;
+      } else if (id_slot != slot.slot_id) {
+        wrong = WrongKind::kOtherSlot;
+      } else if (id_seq != slot.seq) {
+        wrong = WrongKind::kOtherRequest;
+      }
+      if (wrong != WrongKind::kCorrupt) {
+        why = std::string("echo reply carries the id of ") + wrong_kind_name(wrong) + " (slot " +
+              std::to_string(id_slot) + ", request " + std::to_string(id_seq) + "; expected slot " +
+              std::to_string(slot.slot_id) + ", request " + std::to_string(slot.seq) + ")";
+        if (kind != nullptr) *kind = wrong;
+        return Verdict::kWrong;
+      }
     }
+    if (kind != nullptr) *kind = wrong;
     if (size != slot.bytes.size()) {
       why = "echo reply is " + std::to_string(size) + " bytes, the request " +
             std::to_string(slot.bytes.size());
@@ -153,6 +185,7 @@ Verdict Workload::verify(const Slot& slot, const std::byte* reply, uint32_t size
     }
     return Verdict::kWrong;
   }
+  if (kind != nullptr) *kind = wrong;
   if (kind_ == HandlerKind::kFace) {
     why = examples::face::check_reply(reply, size, entry_of(slot.entry).face);
     if (why.empty()) return Verdict::kOk;

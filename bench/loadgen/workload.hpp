@@ -8,7 +8,9 @@
 //  - echo: the pool entry with the request's id (slot id << 32 | the slot's sequence number) in
 //    its first 8 bytes and zeros in bytes 8-9, so the echo handler never takes it for a sockperf
 //    message; the reply must be the same bytes. A reply carrying an earlier id of the same slot
-//    is late (a UDP reply after its timeout), not wrong.
+//    is late (a UDP reply after its timeout), not wrong. A wrong reply is told apart by its id
+//    (WrongKind): another client's (the slot id's top 8 bits, loadgen's --client-id), another
+//    slot's of this client, another request of this slot, or the right id with other bytes.
 //  - matvec: pool entry (sequence % kPoolPerSize); the reply must match that entry's reference
 //    output (with the handler's rounds) to the tolerance of matvec_close. A reply that matches the
 //    entry of the slot's previous request instead is late.
@@ -52,6 +54,20 @@ std::string check_sizes(HandlerKind kind, const std::vector<SizeWeight>& sizes);
 
 enum class Verdict { kOk, kLate, kWrong };
 
+// What a wrong echo reply is, by the id it carries (matvec and face replies carry none: always
+// kCorrupt).
+enum class WrongKind {
+  kCorrupt,       // the request's own id (or none readable), other bytes or another size
+  kOtherClient,   // the id of another client's slot (a reply sent to the wrong client)
+  kOtherSlot,     // the id of another slot of this client
+  kOtherRequest,  // this slot's id with a sequence number that is not its current or earlier
+};
+const char* wrong_kind_name(WrongKind kind);
+
+// A slot id: the client's id (loadgen's --client-id) in the top 8 bits, its place in the rest.
+constexpr uint32_t kSlotClientShift = 24;
+constexpr uint32_t kMaxSlotsPerClient = uint32_t{1} << kSlotClientShift;
+
 class Workload {
  public:
   static constexpr uint32_t kPoolPerSize = 16;
@@ -81,8 +97,10 @@ class Workload {
   Slot make_slot(uint32_t slot_id) const;
   // Prepares the slot's next request in slot.bytes.
   void next_request(Slot& slot) const;
-  // Checks a reply against the slot's current request; `why` says what is wrong for kWrong.
-  Verdict verify(const Slot& slot, const std::byte* reply, uint32_t size, std::string& why) const;
+  // Checks a reply against the slot's current request; `why` says what is wrong for kWrong, and
+  // `kind` (when given) which kind of wrong it is.
+  Verdict verify(const Slot& slot, const std::byte* reply, uint32_t size, std::string& why,
+                 WrongKind* kind = nullptr) const;
 
  private:
   struct Entry {

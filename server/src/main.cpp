@@ -13,6 +13,7 @@
 #include <csignal>
 #include <functional>
 #include <iostream>
+#include <string_view>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -96,6 +97,33 @@ void reload(const std::string& path, const std::string& level_override,
                level_override.empty() ? "" : " (set by --log-level)");
   if (settings != started_with) {
     SPDLOG_WARN("SIGHUP: {} has changes other than log_level; they take effect at a restart", path);
+  }
+}
+
+// The counters of requests, replies and drops that this process counted, logged once it has
+// stopped: the metrics endpoint is gone with the process, and a scrape before the stop misses
+// what the drain answered. One line per nonzero counter sample of the services and listeners.
+void log_final_counters(const caracal::server::Registry& metrics) {
+  const std::string text = metrics.render();
+  std::string_view rest = text;
+  std::string_view counter_family;  // the counter whose samples follow, if any
+  while (!rest.empty()) {
+    const size_t eol = rest.find('\n');
+    const std::string_view line = rest.substr(0, eol);
+    rest = eol == std::string_view::npos ? std::string_view{} : rest.substr(eol + 1);
+    if (line.starts_with("# TYPE ")) {
+      const std::string_view decl = line.substr(7);
+      const size_t space = decl.find(' ');
+      const bool counter = space != std::string_view::npos && decl.substr(space + 1) == "counter";
+      const std::string_view name = decl.substr(0, space);
+      counter_family =
+          counter && (name.starts_with("caracal_service_") || name.starts_with("caracal_listener_"))
+              ? name
+              : std::string_view{};
+      continue;
+    }
+    if (counter_family.empty() || line.starts_with('#') || line.ends_with(" 0")) continue;
+    spdlog::info("final counter {}", line);
   }
 }
 
@@ -187,6 +215,7 @@ int main(int argc, char** argv) {
   caracal::notify_stopping();
   server.stop();
   summary->summarise_now();
+  log_final_counters(server.metrics());
   spdlog::info("stopped");
   return 0;
 }

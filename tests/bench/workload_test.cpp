@@ -69,6 +69,47 @@ TEST(Workload, EchoRepliesAreJudged) {
   EXPECT_EQ(w.verify(s, other.bytes.data(), other.bytes.size(), why), Verdict::kWrong);
 }
 
+// A wrong echo reply is named by the id it carries: another client's (the slot id's top 8
+// bits), another slot's of this client, another request of this slot, or this request's id with
+// other bytes.
+TEST(Workload, WrongEchoRepliesSayWhose) {
+  const Workload w(HandlerKind::kEcho, {{64, 1}}, 5);
+  const uint32_t client1 = 1u << kSlotClientShift;
+  const uint32_t client2 = 2u << kSlotClientShift;
+  Workload::Slot s = w.make_slot(client1 + 7);
+  w.next_request(s);
+  w.next_request(s);  // request 2: request 1's reply is late
+  std::string why;
+  WrongKind kind = WrongKind::kCorrupt;
+
+  Workload::Slot same_place_other_client = w.make_slot(client2 + 7);
+  w.next_request(same_place_other_client);
+  w.next_request(same_place_other_client);
+  const auto& foreign = same_place_other_client.bytes;
+  EXPECT_EQ(w.verify(s, foreign.data(), foreign.size(), why, &kind), Verdict::kWrong);
+  EXPECT_EQ(kind, WrongKind::kOtherClient) << why;
+  EXPECT_NE(why.find("another client"), std::string::npos) << why;
+
+  Workload::Slot neighbour = w.make_slot(client1 + 8);
+  w.next_request(neighbour);
+  EXPECT_EQ(w.verify(s, neighbour.bytes.data(), neighbour.bytes.size(), why, &kind),
+            Verdict::kWrong);
+  EXPECT_EQ(kind, WrongKind::kOtherSlot) << why;
+
+  // This slot's id with a later sequence number: no request of this slot has it yet.
+  std::vector<std::byte> ahead = s.bytes;
+  const uint64_t id = (uint64_t{s.slot_id} << 32) | (s.seq + 5);
+  std::memcpy(ahead.data(), &id, sizeof id);
+  EXPECT_EQ(w.verify(s, ahead.data(), ahead.size(), why, &kind), Verdict::kWrong);
+  EXPECT_EQ(kind, WrongKind::kOtherRequest) << why;
+
+  std::vector<std::byte> altered = s.bytes;
+  altered[30] ^= std::byte{0x40};
+  EXPECT_EQ(w.verify(s, altered.data(), altered.size(), why, &kind), Verdict::kWrong);
+  EXPECT_EQ(kind, WrongKind::kCorrupt) << why;
+  EXPECT_EQ(w.verify(s, s.bytes.data(), s.bytes.size(), why, &kind), Verdict::kOk);
+}
+
 TEST(Workload, SizeDistributionIsFollowed) {
   const Workload w(HandlerKind::kEcho, {{64, 3}, {1024, 1}}, 9);
   Workload::Slot s = w.make_slot(0);

@@ -1,22 +1,33 @@
-// The Asio UDP listener inside a real Server: the socket options it sets, and a burst of
-// datagrams larger than one recvmmsg() batch, each answered.
+// The Asio listeners inside a real Server. UDP: the socket options it sets, and a burst of
+// datagrams larger than one recvmmsg() batch, each answered. TCP: a stop that finds a request
+// half read and a read in flight takes nothing that read brings (caracal_matvec_agent, slowed
+// down, keeps a request in flight across the stop).
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <future>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "caracal/config/yaml.hpp"
 #include "caracal/server/config.hpp"
 #include "caracal/server/server.hpp"
 #include "caracal/server/tunables.hpp"
+
+extern char** environ;
 
 namespace caracal::server {
 namespace {
@@ -109,6 +120,180 @@ TEST(UdpListener, ABurstIsReceivedWhole) {
   EXPECT_EQ(replies, kBurst);
   close(fd);
   server.stop();
+}
+
+// A TCP client socket connected to 127.0.0.1:port, with a receive timeout.
+int connect_tcp(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool send_all(int fd, const std::string& bytes) {
+  return send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+std::string length_prefixed(const std::string& payload) {
+  const auto n = static_cast<uint32_t>(payload.size());
+  const char prefix[4] = {static_cast<char>(n >> 24), static_cast<char>(n >> 16),
+                          static_cast<char>(n >> 8), static_cast<char>(n)};
+  return std::string(prefix, 4) + payload;
+}
+
+// The sum of the samples of `name` in the registry's text.
+uint64_t metric_sum(Registry& metrics, const std::string& name) {
+  const std::string text = metrics.render();
+  uint64_t sum = 0;
+  size_t at = 0;
+  while ((at = text.find('\n' + name, at)) != std::string::npos) {
+    const size_t eol = text.find('\n', at + 1);
+    const std::string line = text.substr(at + 1, eol - at - 1);
+    sum += std::stoull(line.substr(line.rfind(' ') + 1));
+    at = eol;
+  }
+  return sum;
+}
+
+// caracal_matvec_agent against the server, every request slowed down by `delay_us`; killed and
+// reaped on destruction.
+class SlowAgent {
+ public:
+  SlowAgent(uint16_t control_port, const std::string& secret, uint32_t delay_us) {
+    config_ = "/tmp/caracal-listener-test-" + std::to_string(getpid()) + ".yaml";
+    std::ofstream(config_) << "agent: slow\nserver: 127.0.0.1:" << control_port
+                           << "\nsecret: " << secret
+                           << "\naccelerator: cpu\ntransport: shm\nservices:\n"
+                              "  - { name: m, queues: 1, ring_capacity: 64, slot_bytes: 256, "
+                              "max_message_bytes: 1024 }\n";
+    std::string delay = std::to_string(delay_us);
+    std::vector<std::string> args = {CARACAL_MATVEC_AGENT, "--config", config_, "--delay-us",
+                                     delay};
+    std::vector<char*> argv;
+    for (std::string& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~SlowAgent() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    unlink(config_.c_str());
+  }
+  bool started() const { return pid_ > 0; }
+
+ private:
+  std::string config_;
+  pid_t pid_ = -1;
+};
+
+// The server stops while a connection has a request in flight (its reply still to come), the
+// first bytes of the next request buffered and a read waiting for more. The stop drops the
+// buffered bytes; the read then brings the rest of that request, which begins inside it. None
+// of it may be taken for a request: here the rest is made to frame a whole request of its own
+// (a 40-byte message), which the server used to dispatch and answer as if it were the client's
+// next request (and other bytes make a "malformed" error reply instead).
+//
+// The order is made certain by holding the only I/O thread in a metrics scrape (a gauge whose
+// callback waits) while the rest is sent and the stop posts its shutdown to the connection:
+// the read's completion can only queue behind it.
+TEST(TcpListener, AStopTakesNothingFromAReadInFlight) {
+  const std::string secret = "0123456789abcdef-listener";
+  const std::string text = R"(io_threads: 1
+engine_threads: 1
+control: { listen: 127.0.0.1:0, secret: )" +
+                           secret + R"( }
+metrics: { listen: 127.0.0.1:0 }
+services:
+  - name: m
+    max_message_bytes: 1024
+    listeners:
+      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 }, error_reply: "ERR {reason}" }
+)";
+  Server server(parse_server_config(config::load_yaml_text(text, "t.yaml")));
+  ASSERT_TRUE(server.start().ok());
+  SlowAgent agent(server.control_port(), secret, 1000000);
+  ASSERT_TRUE(agent.started());
+  const auto attached = [&server] {
+    return server.metrics().render().find("caracal_queue_ring_slots_in_use{") != std::string::npos;
+  };
+  for (int i = 0; i < 400 && !attached(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(attached()) << "the agent's region was never attached";
+
+  const int fd = connect_tcp(server.listener_port("m", 0));
+  ASSERT_GE(fd, 0);
+  // Request 1 (a 64-byte vector): in flight for a second.
+  ASSERT_TRUE(send_all(fd, length_prefixed(std::string(64, '\0'))));
+  // Request 2, a 64-byte message, of which the prefix and 20 bytes go now. The other 44 bytes,
+  // read from where they start, frame a message of 40 bytes.
+  const std::string rest = length_prefixed(std::string(40, 'x'));
+  ASSERT_EQ(rest.size(), 44u);
+  const std::string second = length_prefixed(std::string(20, 'y') + rest);
+  ASSERT_TRUE(send_all(fd, second.substr(0, 4 + 20)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // read; the next read waits
+
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  bool once = false;
+  const uint64_t hold =
+      server.metrics().gauge_callback("test_hold_io_thread", "Holds the scrape", {}, [&] {
+        if (!once) {
+          once = true;
+          entered.set_value();
+          released.wait();
+        }
+        return 0.0;
+      });
+  std::thread scrape([port = server.metrics_port()] {
+    const int m = connect_tcp(port);
+    if (m < 0) return;
+    send_all(m, "GET /metrics HTTP/1.0\r\n\r\n");
+    char buf[4096];
+    while (recv(m, buf, sizeof buf, 0) > 0) {
+    }
+    close(m);
+  });
+  ASSERT_EQ(entered.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_TRUE(send_all(fd, second.substr(4 + 20)));
+  std::thread stopper([&server] { server.stop(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the shutdown is posted
+  release.set_value();
+
+  // Request 1's reply, then the end of the connection: nothing else was taken.
+  std::string got;
+  char buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof buf, 0)) > 0)
+    got.append(buf, static_cast<size_t>(n));
+  close(fd);
+  stopper.join();
+  scrape.join();
+  server.metrics().remove_callback(hold);
+  ASSERT_GE(got.size(), 4u);
+  const uint32_t first = (uint32_t{static_cast<unsigned char>(got[0])} << 24) |
+                         (uint32_t{static_cast<unsigned char>(got[1])} << 16) |
+                         (uint32_t{static_cast<unsigned char>(got[2])} << 8) |
+                         uint32_t{static_cast<unsigned char>(got[3])};
+  EXPECT_EQ(got.size(), 4 + first) << "more than request 1's reply came back";
+  EXPECT_EQ(metric_sum(server.metrics(), "caracal_listener_requests_total"), 1u);
+  EXPECT_EQ(metric_sum(server.metrics(), "caracal_listener_drops_total"), 0u);
 }
 
 }  // namespace

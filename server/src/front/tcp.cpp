@@ -254,6 +254,13 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
 
   void on_read(error_code ec, size_t n) {
     if (closed_) return;
+    if (!ec && read_done_) {
+      // Reading ended while this read was in flight: shutdown() (the server stopping) dropped
+      // the part of a request that was buffered, so these bytes may begin inside a message, and
+      // framing them would take a request's tail for a whole request. None of them is taken.
+      maybe_finish();
+      return;
+    }
     if (!ec) {
       grow_ = end_ + n == buffer_size_;  // the read took all it was offered: there is more
       small_reads_ = n <= tunables::kTcpReadInitial / 4 ? small_reads_ + 1 : 0;

@@ -58,9 +58,10 @@ services:
 YAML
   "$SERVER_BIN" --config "$WORK/server.yaml" --log-level info >"$WORK/server.log" 2>&1 &
   SERVER_PID=$!
-  for _ in $(seq 100); do grep -q "serving" "$WORK/server.log" && break; sleep 0.05; done
+  for _ in $(seq 600); do grep -q "serving" "$WORK/server.log" && break; sleep 0.05; done
   local port
   port=$(sed -nE 's/.*control endpoint on .* \(port ([0-9]+)\).*/\1/p' "$WORK/server.log")
+  [ -n "$port" ] || { cat "$WORK/server.log"; echo "round $mode $i: the server did not start"; exit 1; }
   METRICS_PORT=$(sed -nE 's/.*metrics on http:.*:([0-9]+)\/metrics.*/\1/p' "$WORK/server.log")
   python3 "$HELLO" flood --port "$port" --source 127.0.0.2 --secret "wrong-$SECRET" \
     --seconds "$SECONDS_PER_ROUND" --workers "$WORKERS" >"$WORK/flood.out" &
@@ -83,6 +84,7 @@ YAML
   echo "$mode round $i: ${took} s, attempts $attempts, compared $compared, throttled $throttled, other address's hello $other"
 }
 
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 printf 'mode\tround\tseconds\tattempts\tcompared\tthrottled\tother_hello_ms\n' >"$OUT/rounds.tsv"
 for i in $(seq "$ROUNDS"); do
   round off "$i"
@@ -105,6 +107,7 @@ cpu=$(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -1)
   echo
   echo "\`bench/control_auth/run.sh\` ($LABEL), $(date -u +%Y-%m-%d), $(nproc) cores ($cpu), $ROUNDS rounds"
   echo "of ${SECONDS_PER_ROUND} s per mode, $WORKERS connections at a time from 127.0.0.2; median (min-max)."
+  echo "Load average before and after: $LOAD_BEFORE; $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine counts)."
   echo
   echo "| mode | hellos sent /s | reached the secret comparison /s | refused unread (throttled) /s | a right-secret hello from 127.0.0.3 meanwhile, ms |"
   echo "| --- | --- | --- | --- | --- |"

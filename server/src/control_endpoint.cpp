@@ -30,6 +30,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
         timer_(conn_->socket().get_executor()) {}
 
   void start() {
+    error_code ec;
+    const tcp::endpoint peer = conn_->socket().remote_endpoint(ec);
+    if (!ec) peer_ = peer.address();
     last_heard_ = Clock::now();
     arm_timer();
     // The callbacks hold the session until the connection closes (control::Connection).
@@ -57,9 +60,6 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
             },
     });
     origin_ = conn_->origin();
-    error_code ec;
-    const tcp::endpoint peer = conn_->socket().remote_endpoint(ec);
-    if (!ec) peer_ = peer.address();
   }
 
   // Drops the session from outside (server shutdown, or replaced by a new epoch).

@@ -232,6 +232,8 @@ struct Outcome {
   enum Kind { kStopped, kLost, kFatal } kind;
   std::string why;  // kLost
   Status status;    // kFatal
+  // kLost: the server throttles this address and asked for this long before the next try.
+  std::chrono::milliseconds retry_after{0};
 };
 
 Outcome stopped() {
@@ -512,6 +514,14 @@ Outcome AgentRuntime::Impl::serve(ServerLink& conn) {
   }
   const control::Message first = *conn.pop();
   if (const auto* r = std::get_if<control::Refused>(&first)) {
+    if (r->retry_after_ms != 0) {
+      // Throttled: failed hellos from this address (ours or another process's); the secret was
+      // not even compared. For now, not for good.
+      Outcome o = lost("the server at " + conn.peer() + " refused agent '" + config.agent +
+                       "' for now: " + r->message);
+      o.retry_after = milliseconds(r->retry_after_ms);
+      return o;
+    }
     return fatal(Status(
         StatusCode::kUnavailable,
         "the server at " + conn.peer() + " refused agent '" + config.agent + "': " + r->message));
@@ -675,6 +685,14 @@ Status AgentRuntime::Impl::run() {
     if (outcome.kind == Outcome::kFatal) return outcome.status;
     if (!stop_status.ok()) return stop_status;  // something may still poll a region
     if (outcome.kind == Outcome::kStopped) break;
+    if (outcome.retry_after.count() != 0) {
+      const milliseconds wait =
+          std::max(outcome.retry_after, milliseconds(config.reconnect_interval_ms));
+      spdlog::warn("{}; trying again in {} ms", outcome.why, wait.count());
+      notify_status(fmt::format("{}; trying again in {} ms", outcome.why, wait.count()));
+      sleep_for(wait);
+      continue;
+    }
     spdlog::warn(
         "lost the server: {}; accelerators stopped and regions dropped, registering "
         "again with a new epoch",

@@ -77,7 +77,10 @@ std::string emit(const Bye&) {
   return Emit("bye").finish();
 }
 std::string emit(const Refused& m) {
-  return Emit("refused").kv("service", m.service).kv("message", m.message).finish();
+  Emit e("refused");
+  e.kv("service", m.service).kv("message", m.message);
+  if (m.retry_after_ms != 0) e.kv("retry_after_ms", m.retry_after_ms);
+  return e.finish();
 }
 
 Message parse(const config::Field& root) {
@@ -85,12 +88,8 @@ Message parse(const config::Field& root) {
   if (type == "hello") {
     root.allow_only({"type", "protocol", "secret", "agent", "epoch", "accelerator"});
     Hello m;
+    // Any version decodes; the server refuses one it does not speak (and counts it apart).
     m.protocol = static_cast<uint32_t>(root.required("protocol").as_uint(0, UINT32_MAX));
-    if (m.protocol != kProtocolVersion) {
-      root.required("protocol")
-          .fail("protocol version " + std::to_string(m.protocol) +
-                " is not supported (this server speaks " + std::to_string(kProtocolVersion) + ")");
-    }
     m.secret = root.required("secret").as_string();
     m.agent = name_of(root.required("agent"));
     m.epoch = root.required("epoch").as_uint(1);
@@ -167,10 +166,13 @@ Message parse(const config::Field& root) {
     return Bye{};
   }
   if (type == "refused") {
-    root.allow_only({"type", "service", "message"});
+    root.allow_only({"type", "service", "message", "retry_after_ms"});
     Refused m;
     if (auto s = root.optional("service")) m.service = s->as_string();
     m.message = root.required("message").as_string();
+    if (auto r = root.optional("retry_after_ms")) {
+      m.retry_after_ms = static_cast<uint32_t>(r->as_uint(1, 3'600'000));
+    }
     return m;
   }
   root.required("type").fail("unknown message type '" + type + "'");
@@ -267,6 +269,11 @@ std::string read_secret(const config::Field& mapping) {
     file->fail("the shared secret in '" + path + "' " + too_short);
   }
   return secret;
+}
+
+std::string unsupported_protocol(uint32_t version) {
+  return "protocol version " + std::to_string(version) + " is not supported (this server speaks " +
+         std::to_string(kProtocolVersion) + ")";
 }
 
 bool secrets_equal(std::string_view a, std::string_view b) {

@@ -31,8 +31,9 @@ Status check_geometry(const char* slot_field, uint32_t slot_bytes, const char* c
                          std::to_string(uint64_t{slot_bytes} * capacity) +
                          " bytes; a ring must be shorter than 4 GiB");
   }
-  if (server_queues == 0) {
-    return bad_field("server_queue_count", server_queues, "must be at least 1");
+  if (server_queues == 0 || server_queues > kMaxQueues) {
+    return bad_field("server_queue_count", server_queues,
+                     "must be between 1 and " + std::to_string(kMaxQueues));
   }
   if (uint64_t{server_queues} + client_queues > kMaxQueues) {
     return bad_field("client_queue_count", client_queues,
@@ -86,6 +87,10 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
     return bad_field("region_bytes", h.region_bytes,
                      "larger than the " + std::to_string(mapped_bytes) + " bytes mapped");
   }
+  if (h.region_bytes < h.header_bytes) {
+    return bad_field("region_bytes", h.region_bytes,
+                     "smaller than the " + std::to_string(h.header_bytes) + "-byte header page");
+  }
   const uint64_t queues = queue_count(h);
   if (h.control_offset < h.header_bytes || h.control_offset % kPageBytes != 0 ||
       h.control_offset > h.region_bytes) {
@@ -108,6 +113,10 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
     return bad_field("control_bytes", h.control_bytes,
                      "control area ends past region_bytes " + std::to_string(h.region_bytes));
   }
+  if (h.rings_offset > h.region_bytes) {
+    return bad_field("rings_offset", h.rings_offset,
+                     "past region_bytes " + std::to_string(h.region_bytes));
+  }
   if (h.rings_offset % kPageBytes != 0 || h.rings_offset < h.control_offset + h.control_bytes) {
     return bad_field("rings_offset", h.rings_offset,
                      "must be page-aligned and after the control area (which ends at " +
@@ -120,8 +129,7 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
                          std::to_string(ring_bytes));
   }
   // rings_offset <= region_bytes here; divide instead of multiplying to rule out overflow.
-  if (h.rings_offset > h.region_bytes ||
-      (h.region_bytes - h.rings_offset) / h.ring_stride < 2 * queues) {
+  if ((h.region_bytes - h.rings_offset) / h.ring_stride < 2 * queues) {
     return bad_field("region_bytes", h.region_bytes,
                      "too small for " + std::to_string(2 * queues) + " rings of " +
                          std::to_string(h.ring_stride) + " bytes from offset " +
@@ -132,10 +140,10 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
                             ": unknown feature bits " + hex(h.features & ~kKnownFeatures));
   }
   if (!has_rx_lines(h) && !has_tx_lines(h)) {
-    if (h.line_bytes != 0 || h.lines_offset != 0 || h.line_stride != 0) {
-      return bad_field("line_bytes", h.line_bytes,
-                       "line_bytes, lines_offset and line_stride must be 0 without RX or TX lines");
-    }
+    const char* const no_lines = "must be 0 without RX or TX lines (features has neither)";
+    if (h.line_bytes != 0) return bad_field("line_bytes", h.line_bytes, no_lines);
+    if (h.lines_offset != 0) return bad_field("lines_offset", h.lines_offset, no_lines);
+    if (h.line_stride != 0) return bad_field("line_stride", h.line_stride, no_lines);
     return Status::ok_status();
   }
   if (h.line_bytes != kLineBytes) {
@@ -143,6 +151,10 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
                      "must be " + std::to_string(kLineBytes) + " with RX or TX lines");
   }
   const uint64_t rings_end = h.rings_offset + 2 * queues * h.ring_stride;  // fits: checked above
+  if (h.lines_offset > h.region_bytes) {
+    return bad_field("lines_offset", h.lines_offset,
+                     "past region_bytes " + std::to_string(h.region_bytes));
+  }
   if (h.lines_offset % kPageBytes != 0 || h.lines_offset < rings_end) {
     return bad_field("lines_offset", h.lines_offset,
                      "must be page-aligned and after the rings (which end at " +
@@ -156,8 +168,8 @@ Status validate_region(const RegionHeader& h, uint64_t mapped_bytes) {
                          " (ring_capacity lines of line_bytes, a page-aligned block for each of "
                          "RX and TX that has them)");
   }
-  if (h.lines_offset > h.region_bytes ||
-      (h.region_bytes - h.lines_offset) / h.line_stride < queues) {
+  // lines_offset <= region_bytes here; divide instead of multiplying to rule out overflow.
+  if ((h.region_bytes - h.lines_offset) / h.line_stride < queues) {
     return bad_field("region_bytes", h.region_bytes,
                      "too small for " + std::to_string(queues) + " queues' lines of " +
                          std::to_string(h.line_stride) + " bytes from offset " +

@@ -17,22 +17,15 @@ namespace {
 
 using config::Field;
 
-// Whether `host` names this machine only: a loopback address or "localhost".
-bool is_loopback(const std::string& host) {
-  if (host == "localhost") return true;
-  boost::system::error_code ec;
-  const auto address = boost::asio::ip::make_address(host, ec);
-  return !ec && address.is_loopback();
-}
-
 ControlConfig parse_control(const Field& f) {
   f.allow_only({"listen", "secret", "secret_file", "heartbeat_interval_ms", "agent_timeout_ms",
                 "rdma_connect_timeout_ms", "rdma_reconnect_max_ms", "rdma_ack_timeout",
-                "rdma_retry_count"});
+                "rdma_retry_count", "auth_failures", "auth_window_ms", "auth_penalty_ms",
+                "auth_penalty_max_ms", "auth_tracked_addresses", "max_region_bytes"});
   ControlConfig c;
-  c.listen = config::as_host_port(f.required("listen"));
+  if (auto v = f.optional("listen")) c.listen = config::as_host_port(*v);
   c.secret = control::read_secret(f);
-  if (c.secret == control::kExampleSecret && !is_loopback(c.listen.host)) {
+  if (c.secret == control::kExampleSecret && !is_loopback_host(c.listen.host)) {
     f.required(f.optional("secret") ? "secret" : "secret_file")
         .fail("the example secret on a control endpoint that is not loopback (" + c.listen.str() +
               "): anyone who has read the examples could register an agent; " +
@@ -57,6 +50,29 @@ ControlConfig parse_control(const Field& f) {
   }
   if (auto v = f.optional("rdma_retry_count")) {
     c.rdma_retry_count = static_cast<uint8_t>(v->as_uint(0, 7));
+  }
+  if (auto v = f.optional("auth_failures"))
+    c.auth.failures = static_cast<uint32_t>(v->as_uint(0, 1000));
+  if (auto v = f.optional("auth_window_ms")) {
+    c.auth.window = std::chrono::milliseconds(v->as_uint(1, 86'400'000));
+  }
+  if (auto v = f.optional("auth_penalty_ms")) {
+    c.auth.penalty = std::chrono::milliseconds(v->as_uint(1, 3'600'000));
+  }
+  if (auto v = f.optional("auth_penalty_max_ms")) {
+    c.auth.max_penalty = std::chrono::milliseconds(v->as_uint(1, 3'600'000));
+  }
+  if (c.auth.max_penalty < c.auth.penalty) {
+    f.required(f.optional("auth_penalty_max_ms") ? "auth_penalty_max_ms" : "auth_penalty_ms")
+        .fail("auth_penalty_max_ms (" + std::to_string(c.auth.max_penalty.count()) +
+              ") must be at least auth_penalty_ms (" + std::to_string(c.auth.penalty.count()) +
+              ")");
+  }
+  if (auto v = f.optional("auth_tracked_addresses")) {
+    c.auth.max_addresses = static_cast<uint32_t>(v->as_uint(1, 1'000'000));
+  }
+  if (auto v = f.optional("max_region_bytes")) {
+    c.max_region_bytes = v->as_uint(mqueue::kPageBytes, uint64_t{1} << 40);
   }
   if (c.agent_timeout_ms <= c.heartbeat_interval_ms) {
     f.fail("agent_timeout_ms (" + std::to_string(c.agent_timeout_ms) +
@@ -343,7 +359,8 @@ ServerConfig parse_server_config(const Field& root) {
   c.control = parse_control(root.required("control"));
   if (auto m = root.optional("metrics")) {
     m->allow_only({"listen"});
-    c.metrics_listen = config::as_host_port(m->required("listen"));
+    c.metrics_listen = kDefaultMetricsListen;
+    if (auto l = m->optional("listen")) c.metrics_listen = config::as_host_port(*l);
   }
   const std::vector<Field> services = root.required("services").items();
   if (services.empty()) root.required("services").fail("at least one service is required");
@@ -396,6 +413,13 @@ ServerConfig parse_server_config(const Field& root) {
   }
   if (c.dpdk && !any_dpdk) root.required("dpdk").fail("no listener has kind: dpdk");
   return c;
+}
+
+bool is_loopback_host(const std::string& host) {
+  if (host == "localhost") return true;
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(host, ec);
+  return !ec && address.is_loopback();
 }
 
 bool dpdk_available() {

@@ -30,6 +30,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
         timer_(conn_->socket().get_executor()) {}
 
   void start() {
+    error_code ec;
+    const tcp::endpoint peer = conn_->socket().remote_endpoint(ec);
+    if (!ec) peer_ = peer.address();
     last_heard_ = Clock::now();
     arm_timer();
     // The callbacks hold the session until the connection closes (control::Connection).
@@ -48,7 +51,11 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
                 case control::Connection::Ending::kBroken:
                   return self->lose(why);
                 case control::Connection::Ending::kMalformed:
-                  return self->refuse_and_close("", why);
+                  if (!self->hello_done_) {
+                    if (self->throttled()) return;
+                    self->ep_.throttle_fail(self->peer_, Refusal::kMalformed);
+                  }
+                  return self->refuse_and_close(Refusal::kMalformed, "", why);
               }
             },
     });
@@ -82,14 +89,36 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     });
   }
 
+  // Before hello: refuses the session, unread, when its address is under penalty (and says so
+  // once per penalty). Returns whether it did.
+  bool throttled() {
+    const AuthThrottle::Check c = ep_.throttle_check(peer_);
+    if (c.left.count() == 0) return false;
+    const std::string message = "throttled: too many failed hellos from " + peer_.to_string() +
+                                "; try again in " + std::to_string(c.left.count()) + " ms";
+    if (c.first)
+      SPDLOG_WARN("{}: refusing hellos from {}: {}", origin_, peer_.to_string(), message);
+    send(control::Refused{"", message, static_cast<uint32_t>(c.left.count())});
+    close(/*after_sending=*/true);
+    return true;
+  }
+
+  // A refusal before hello: counted for the address, then the session ends.
+  bool refuse_unauthenticated(Refusal why, const std::string& message) {
+    ep_.throttle_fail(peer_, why);
+    refuse_and_close(why, "", message);
+    return false;
+  }
+
   // Returns whether to keep reading.
   bool handle(const control::Message& message) {
     if (!hello_done_) {
+      if (throttled()) return false;
       const auto* hello = std::get_if<control::Hello>(&message);
       if (hello == nullptr) {
-        refuse_and_close(
-            "", "the first message must be hello, not " + std::string(control::type_name(message)));
-        return false;
+        return refuse_unauthenticated(
+            Refusal::kNotHello,
+            "the first message must be hello, not " + std::string(control::type_name(message)));
       }
       return on_hello(*hello);
     }
@@ -105,16 +134,22 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
       on_bye();
       return false;
     }
-    refuse_and_close("", std::string("unexpected ") + control::type_name(message) + " message");
+    refuse_and_close(Refusal::kUnexpectedMessage, "",
+                     std::string("unexpected ") + control::type_name(message) + " message");
     return false;
   }
 
   bool on_hello(const control::Hello& hello) {
+    if (hello.protocol != control::kProtocolVersion) {
+      return refuse_unauthenticated(
+          Refusal::kProtocolVersion,
+          "agent '" + hello.agent + "': " + control::unsupported_protocol(hello.protocol));
+    }
     if (!control::secrets_equal(hello.secret, ep_.config_.control.secret)) {
       SPDLOG_WARN("{}: agent '{}' refused: wrong secret", origin_, hello.agent);
-      refuse_and_close("", "authentication failed: wrong secret");
-      return false;
+      return refuse_unauthenticated(Refusal::kWrongSecret, "authentication failed: wrong secret");
     }
+    ep_.throttle_succeed(peer_);
     hello_ = hello;
     hello_done_ = true;
     std::shared_ptr<ControlSession> previous = ep_.take_name(hello.agent, shared_from_this());
@@ -123,7 +158,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
         // Same name and epoch: a second connection of a live agent, not a restart.
         ep_.take_name(hello.agent, previous);
         hello_done_ = false;
-        refuse_and_close("", "agent '" + hello.agent + "' with this epoch is already registered");
+        refuse_and_close(Refusal::kDuplicateAgent, "",
+                         "agent '" + hello.agent + "' with this epoch is already registered");
         return false;
       }
       previous->lose_later("replaced by a new registration of the agent with a new epoch");
@@ -142,29 +178,43 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
       std::string known;
       for (const auto& [name, s] : ep_.services_)
         known += (known.empty() ? "" : ", ") + name;
-      return refuse_region(r.service, what + ": no such service (configured: " + known + ")");
+      return refuse_region(Refusal::kUnknownService, r.service,
+                           what + ": no such service (configured: " + known + ")");
     }
     for (const Admitted& a : regions_) {
       if (a.service == svc->second) {
-        return refuse_region(r.service, what + ": this agent already serves the service");
+        return refuse_region(Refusal::kAlreadyServed, r.service,
+                             what + ": this agent already serves the service");
       }
     }
     if (r.transport == "rdma" && !control::rdma_available()) {
-      return refuse_region(r.service, what +
-                                          ": transport rdma: this server was built without "
-                                          "rdma-core (libibverbs, librdmacm)");
+      return refuse_region(Refusal::kRdmaUnavailable, r.service,
+                           what +
+                               ": transport rdma: this server was built without "
+                               "rdma-core (libibverbs, librdmacm)");
     }
     for (size_t c = 0; c < r.destinations.size(); ++c) {
       if (!ep_.destinations_.has(r.destinations[c])) {
         return refuse_region(
-            r.service, what + ": destinations[" + std::to_string(c) + "]: '" + r.destinations[c] +
-                           "' is not a destination (configured: " + ep_.destinations_.names() +
-                           ")");
+            Refusal::kUnknownDestination, r.service,
+            what + ": destinations[" + std::to_string(c) + "]: '" + r.destinations[c] +
+                "' is not a destination (configured: " + ep_.destinations_.names() + ")");
       }
+    }
+    // Before anything is mapped or allocated for it: the server maps region_bytes (shm) or
+    // allocates and registers a staging image of that size (rdma) before it reads the header.
+    const uint64_t max_bytes = ep_.config_.control.max_region_bytes;
+    if (r.region_bytes < mqueue::kPageBytes || r.region_bytes > max_bytes) {
+      return refuse_region(Refusal::kRegionSize, r.service,
+                           what + ": region_bytes " + std::to_string(r.region_bytes) +
+                               " is outside " + std::to_string(mqueue::kPageBytes) + " to " +
+                               std::to_string(max_bytes) +
+                               " (a header page to control.max_region_bytes)");
     }
     if (r.transport == "rdma") {
       if (rdma_.contains(r.service)) {
-        return refuse_region(r.service, what + ": this agent already serves the service");
+        return refuse_region(Refusal::kAlreadyServed, r.service,
+                             what + ": this agent already serves the service");
       }
       rdma_[r.service] = RdmaState{
           r, svc->second, std::make_shared<asio::steady_timer>(conn_->socket().get_executor())};
@@ -259,24 +309,31 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   bool admit(const control::RegionAnnounce& r, Service* svc,
              Result<std::unique_ptr<RegionBinding>> binding, bool first) {
     const std::string what = "agent '" + hello_.agent + "' region for service '" + r.service + "'";
-    auto refuse = [&](const std::string& message) {
+    auto refuse = [&](Refusal why, const std::string& message) {
       if (first) {
-        refuse_region(r.service, message);
+        refuse_region(why, r.service, message);
       } else {
         SPDLOG_ERROR("{}: {}; not re-admitted", origin_, message);
       }
       return false;
     };
-    if (!binding.ok()) return refuse(what + ": " + binding.status().message());
+    if (!binding.ok()) {
+      return refuse(binding.status().code() == StatusCode::kInvalidArgument
+                        ? Refusal::kBadRegion
+                        : Refusal::kRegionUnreachable,
+                    what + ": " + binding.status().message());
+    }
     const mqueue::RegionHeader& h = (*binding)->header();
     if (h.agent_epoch != hello_.epoch) {
-      return refuse(what + ": the region's epoch " + std::to_string(h.agent_epoch) +
-                    " is not the agent's epoch " + std::to_string(hello_.epoch));
+      return refuse(Refusal::kEpochMismatch,
+                    what + ": the region's epoch " + std::to_string(h.agent_epoch) +
+                        " is not the agent's epoch " + std::to_string(hello_.epoch));
     }
     if (h.client_queue_count != r.destinations.size()) {
-      return refuse(what + ": the region has " + std::to_string(h.client_queue_count) +
-                    " client queues but " + std::to_string(r.destinations.size()) +
-                    " destinations were named");
+      return refuse(Refusal::kClientQueues,
+                    what + ": the region has " + std::to_string(h.client_queue_count) +
+                        " client queues but " + std::to_string(r.destinations.size()) +
+                        " destinations were named");
     }
     auto region =
         std::make_shared<AgentRegion>(hello_.agent, hello_.epoch, svc, std::move(binding).value());
@@ -300,7 +357,9 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
         }
       });
     }
-    if (Status s = svc->add(region); !s.ok()) return refuse(what + ": " + s.message());
+    if (Status s = svc->add(region); !s.ok()) {
+      return refuse(Refusal::kServiceRefused, what + ": " + s.message());
+    }
     ep_.engine_.attach(region);
     regions_.push_back(Admitted{region, svc});
     if (first) {
@@ -316,7 +375,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     return true;
   }
 
-  void refuse_region(const std::string& service, const std::string& message) {
+  void refuse_region(Refusal why, const std::string& service, const std::string& message) {
+    ep_.count(why);
     SPDLOG_WARN("{}: {}", origin_, message);
     send(control::Refused{service, message});
   }
@@ -368,7 +428,8 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     close();
   }
 
-  void refuse_and_close(const std::string& service, const std::string& message) {
+  void refuse_and_close(Refusal why, const std::string& service, const std::string& message) {
+    ep_.count(why);
     SPDLOG_WARN("{}: {}", origin_, message);
     send(control::Refused{service, message});
     for (Admitted& a : regions_) {
@@ -402,6 +463,7 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
   std::shared_ptr<control::Connection> conn_;
   asio::steady_timer timer_;
   std::string origin_ = "control ?";
+  asio::ip::address peer_;  // the address failures are counted under
   bool closed_ = false;
   bool hello_done_ = false;
   bool detaching_ = false;
@@ -440,7 +502,64 @@ ControlEndpoint::ControlEndpoint(asio::io_context& io, const ServerConfig& confi
                                        "rdma regions re-admitted after their transport failed")),
       rdma_reconnect_failures_(metrics.counter("caracal_rdma_reconnect_failures_total",
                                                "Failed tries to reconnect an rdma region")),
-      worker_(std::make_unique<BlockingWorker>()) {}
+      throttled_(metrics.counter("caracal_control_throttled_total",
+                                 "Control connections refused unread because their address was "
+                                 "under penalty for failed hellos")),
+      penalties_(metrics.counter("caracal_control_penalties_total",
+                                 "Penalties an address got for failed hellos")),
+      throttle_tracked_(metrics.gauge("caracal_control_tracked_addresses",
+                                      "Addresses whose failed hellos the control endpoint "
+                                      "remembers")),
+      worker_(std::make_unique<BlockingWorker>()),
+      throttle_(config.control.auth) {
+  for (size_t i = 0; i < refusals_.size(); ++i) {
+    refusals_[i] =
+        &metrics.counter("caracal_control_refusals_total",
+                         "Hellos, regions and sessions the control endpoint refused, by reason",
+                         {{"reason", refusal_name(static_cast<Refusal>(i))}});
+  }
+}
+
+const char* refusal_name(Refusal r) {
+  static constexpr const char* kNames[] = {
+      "wrong_secret",     "malformed",           "protocol_version", "not_hello",
+      "duplicate_agent",  "unexpected_message",  "unknown_service",  "already_served",
+      "rdma_unavailable", "unknown_destination", "region_size",      "region_unreachable",
+      "bad_region",       "epoch_mismatch",      "client_queues",    "service_refused"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Refusal::kCount));
+  return kNames[static_cast<size_t>(r)];
+}
+
+AuthThrottle::Check ControlEndpoint::throttle_check(const asio::ip::address& peer) {
+  AuthThrottle::Check c;
+  {
+    std::lock_guard lock(m_);
+    c = throttle_.check(peer, Clock::now());
+  }
+  if (c.left.count() != 0) throttled_.inc();
+  return c;
+}
+
+void ControlEndpoint::throttle_fail(const asio::ip::address& peer, Refusal why) {
+  AuthThrottle::Failure f;
+  {
+    std::lock_guard lock(m_);
+    f = throttle_.fail(peer, Clock::now());
+    throttle_tracked_.set(static_cast<int64_t>(throttle_.tracked()));
+  }
+  if (f.penalty.count() == 0) return;
+  penalties_.inc();
+  SPDLOG_WARN(
+      "control endpoint: {} failed hellos in a row from {} (the last: {}); its connections are "
+      "refused for {} ms",
+      f.failures, peer.to_string(), refusal_name(why), f.penalty.count());
+}
+
+void ControlEndpoint::throttle_succeed(const asio::ip::address& peer) {
+  std::lock_guard lock(m_);
+  throttle_.succeed(peer);
+  throttle_tracked_.set(static_cast<int64_t>(throttle_.tracked()));
+}
 
 void ControlEndpoint::publish_agent_count_locked() {
   agents_gauge_.set(static_cast<int64_t>(std::count_if(

@@ -130,12 +130,27 @@ Status Server::start() {
                                                *destinations_, metrics_);
   CARACAL_RETURN_IF_ERROR(control_->listen());
   spdlog::info("control endpoint on {} (port {})", config_.control.listen.str(), control_->port());
+  if (!is_loopback_host(config_.control.listen.host)) {
+    // The secret is required (parse_control), so no one registers without it; but it crosses
+    // the network in the clear.
+    spdlog::info(
+        "control endpoint on {}, not loopback: agents there present the secret in the clear; "
+        "keep this address on a link only the agents' hosts reach",
+        config_.control.listen.str());
+  }
   if (config_.metrics_listen) {
     metrics_server_ = std::make_unique<MetricsServer>(io_.main(), metrics_);
     CARACAL_RETURN_IF_ERROR(
         metrics_server_->listen(config_.metrics_listen->host, config_.metrics_listen->port));
     spdlog::info("metrics on http://{}:{}/metrics", config_.metrics_listen->host,
                  metrics_server_->port());
+    if (!is_loopback_host(config_.metrics_listen->host)) {
+      SPDLOG_WARN(
+          "metrics on {}, not loopback: /metrics has no authentication, so anyone who reaches "
+          "that address reads the server's counters (agents, services, refusals); leave "
+          "metrics.listen out for 127.0.0.1:9100, or firewall the port",
+          config_.metrics_listen->str());
+    }
   }
   warn_if_more_threads_than_cpus();
   warn_if_connections_exceed_file_limit();

@@ -63,6 +63,20 @@ TEST(ControlProtocol, SmallMessagesRoundTrip) {
   EXPECT_TRUE(std::holds_alternative<Heartbeat>(round_trip(Heartbeat{})));
   EXPECT_TRUE(std::holds_alternative<Bye>(round_trip(Bye{})));
   EXPECT_EQ(std::get<Refused>(round_trip(Refused{"", "bad secret"})).message, "bad secret");
+  EXPECT_EQ(std::get<Refused>(round_trip(Refused{"", "bad secret"})).retry_after_ms, 0u);
+  // Only a throttled refusal carries the key.
+  EXPECT_EQ(encode(Refused{"", "bad secret"}).find("retry_after_ms"), std::string::npos);
+  const Refused throttled = std::get<Refused>(round_trip(Refused{"", "throttled", 4000}));
+  EXPECT_EQ(throttled.message, "throttled");
+  EXPECT_EQ(throttled.retry_after_ms, 4000u);
+}
+
+TEST(ControlProtocol, AnyProtocolVersionDecodesForTheServerToRefuse) {
+  Result<Message> m =
+      decode("{type: hello, protocol: 2, secret: s, agent: a, epoch: 1}", "control 127.0.0.1:5");
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(std::get<Hello>(*m).protocol, 2u);
+  EXPECT_NE(unsupported_protocol(2).find("protocol version 2 is not supported"), std::string::npos);
 }
 
 TEST(ControlProtocol, FrameLengthBounds) {
@@ -84,7 +98,8 @@ void expect_refused(std::string_view text, const std::string& needle) {
 TEST(ControlProtocol, BadMessagesNameTheField) {
   expect_refused("{type: nope}", "unknown message type 'nope'");
   expect_refused("[1, 2]", "mapping");
-  expect_refused("{type: hello, protocol: 2, secret: s, agent: a, epoch: 1}", "protocol version 2");
+  expect_refused("{type: hello, protocol: -1, secret: s, agent: a, epoch: 1}", "protocol");
+  expect_refused("{type: refused, message: m, retry_after_ms: 0}", "retry_after_ms");
   expect_refused("{type: hello, protocol: 1, secret: s, agent: 'a b', epoch: 1}", "agent");
   expect_refused("{type: hello, protocol: 1, secret: s, agent: a, epoch: 0}", "epoch");
   expect_refused("{type: hello, protocol: 1, secret: s, agent: a, epoch: 1, x: 1}",

@@ -63,8 +63,8 @@ const RegionCase kRegionCases[] = {
      "client_queue_count"},
     {"QueueCountsOverflow32Bits",
      [](RegionHeader& h, uint64_t&) {
-       h.server_queue_count = UINT32_MAX;
-       h.client_queue_count = 2;
+       h.server_queue_count = kMaxQueues;
+       h.client_queue_count = UINT32_MAX - kMaxQueues + 2;  // the 32-bit sum is 1
      },
      "client_queue_count"},
     {"MaxMessageBytesZero", [](RegionHeader& h, uint64_t&) { h.max_message_bytes = 0; },
@@ -132,12 +132,129 @@ const RegionCase kRegionCases[] = {
      "region_bytes"},
     {"RingsOffsetPastTheRegion",
      [](RegionHeader& h, uint64_t&) { h.rings_offset = h.region_bytes + kPageBytes; },
-     "region_bytes"},
+     "rings_offset"},
     {"RingStrideOverflowing", [](RegionHeader& h, uint64_t&) { h.ring_stride = kTop; },
      "region_bytes"},
+    // Every other field at its hostile extremes: zero, the top of its width, and values whose
+    // sums or products wrap 32 or 64 bits.
+    {"HeaderBytesZero", [](RegionHeader& h, uint64_t&) { h.header_bytes = 0; }, "header_bytes"},
+    {"HeaderBytesMax", [](RegionHeader& h, uint64_t&) { h.header_bytes = UINT32_MAX; },
+     "header_bytes"},
+    {"RegionBytesZero", [](RegionHeader& h, uint64_t&) { h.region_bytes = 0; }, "region_bytes"},
+    {"RegionBytesInsideTheHeader", [](RegionHeader& h, uint64_t&) { h.region_bytes = 112; },
+     "region_bytes"},
+    {"RegionBytesMax", [](RegionHeader& h, uint64_t&) { h.region_bytes = UINT64_MAX; },
+     "region_bytes"},
+    // A hostile header claims the whole address space is mapped: everything must still fit
+    // what the header itself says.
+    {"RegionBytesAndMappedMax",
+     [](RegionHeader& h, uint64_t& mapped) {
+       h.region_bytes = UINT64_MAX;
+       mapped = UINT64_MAX;
+       h.rings_offset = UINT64_MAX - kPageBytes + 1;
+     },
+     "region_bytes"},
+    {"ServerQueueCountMax", [](RegionHeader& h, uint64_t&) { h.server_queue_count = UINT32_MAX; },
+     "server_queue_count"},
+    {"ServerQueueCountPastTheLimit",
+     [](RegionHeader& h, uint64_t&) { h.server_queue_count = kMaxQueues + 1; },
+     "server_queue_count"},
+    {"ClientQueueCountMax", [](RegionHeader& h, uint64_t&) { h.client_queue_count = UINT32_MAX; },
+     "client_queue_count"},
+    // More queues than the control area and rings were laid out for (within the limit).
+    {"ClientQueueCountBeyondTheLayout",
+     [](RegionHeader& h, uint64_t&) { h.client_queue_count = 100; }, "control_bytes"},
+    {"SlotBytesTopBit", [](RegionHeader& h, uint64_t&) { h.slot_bytes = 1u << 31; }, "slot_bytes"},
+    {"RingCapacityTopBit", [](RegionHeader& h, uint64_t&) { h.ring_capacity = 1u << 31; },
+     "ring_capacity"},
+    {"MaxMessageBytesJustOverHalfTheRing",
+     [](RegionHeader& h, uint64_t&) {
+       h.max_message_bytes = h.ring_capacity / 2 * h.slot_bytes - kSlotHeaderBytes + 1;
+     },
+     "max_message_bytes"},
+    {"ControlLineBytesZero", [](RegionHeader& h, uint64_t&) { h.control_line_bytes = 0; },
+     "control_line_bytes"},
+    {"ControlOffsetMax", [](RegionHeader& h, uint64_t&) { h.control_offset = UINT64_MAX; },
+     "control_offset"},
+    {"ControlBytesZero", [](RegionHeader& h, uint64_t&) { h.control_bytes = 0; }, "control_bytes"},
+    {"ControlBytesMax", [](RegionHeader& h, uint64_t&) { h.control_bytes = UINT64_MAX; },
+     "control_bytes"},
+    {"RingsOffsetMax",
+     [](RegionHeader& h, uint64_t&) { h.rings_offset = UINT64_MAX - kPageBytes + 1; },
+     "rings_offset"},
+    // rings_offset + 2 * queues * ring_stride wraps 64 bits to a small number.
+    {"RingsWrapping64Bits",
+     [](RegionHeader& h, uint64_t&) {
+       h.ring_stride = (UINT64_MAX / 6 + 1 + kPageBytes) & ~uint64_t{kPageBytes - 1};
+     },
+     "region_bytes"},
+    {"FeaturesUnknownBit", [](RegionHeader& h, uint64_t&) { h.features = 1u << 7; }, "features"},
+    {"FeaturesAllBits", [](RegionHeader& h, uint64_t&) { h.features = UINT32_MAX; }, "features"},
+    {"LineBytesWithoutLines", [](RegionHeader& h, uint64_t&) { h.line_bytes = kLineBytes; },
+     "line_bytes"},
+    {"LinesOffsetWithoutLines", [](RegionHeader& h, uint64_t&) { h.lines_offset = h.region_bytes; },
+     "lines_offset"},
+    {"LineStrideWithoutLines", [](RegionHeader& h, uint64_t&) { h.line_stride = kPageBytes; },
+     "line_stride"},
+};
+
+// The same, from a region with RX and TX lines: the fields that place the lines.
+constexpr RegionGeometry kBaseLines{2, 1, 256, 64, 1000, true, true};
+
+const RegionCase kLinesCases[] = {
+    {"LineBytesZero", [](RegionHeader& h, uint64_t&) { h.line_bytes = 0; }, "line_bytes"},
+    {"LineBytesHalf", [](RegionHeader& h, uint64_t&) { h.line_bytes = kLineBytes / 2; },
+     "line_bytes"},
+    {"LineBytesMax", [](RegionHeader& h, uint64_t&) { h.line_bytes = UINT32_MAX; }, "line_bytes"},
+    {"LinesOffsetZero", [](RegionHeader& h, uint64_t&) { h.lines_offset = 0; }, "lines_offset"},
+    {"LinesOffsetNotPageAligned", [](RegionHeader& h, uint64_t&) { h.lines_offset += 64; },
+     "lines_offset"},
+    {"LinesOffsetInsideTheRings",
+     [](RegionHeader& h, uint64_t&) { h.lines_offset = h.rings_offset; }, "lines_offset"},
+    {"LinesOffsetInsideTheControlArea",
+     [](RegionHeader& h, uint64_t&) { h.lines_offset = h.control_offset; }, "lines_offset"},
+    {"LinesOffsetPastTheRegion",
+     [](RegionHeader& h, uint64_t&) { h.lines_offset = h.region_bytes + kPageBytes; },
+     "lines_offset"},
+    {"LinesOffsetMax",
+     [](RegionHeader& h, uint64_t&) { h.lines_offset = UINT64_MAX - kPageBytes + 1; },
+     "lines_offset"},
+    {"LineStrideZero", [](RegionHeader& h, uint64_t&) { h.line_stride = 0; }, "line_stride"},
+    // Room for one direction's lines where both are on: RX and TX lines would overlap.
+    {"LineStrideOneDirectionOnly",
+     [](RegionHeader& h, uint64_t&) { h.line_stride = line_block_bytes(h); }, "line_stride"},
+    {"LineStrideNotPageAligned", [](RegionHeader& h, uint64_t&) { h.line_stride += 64; },
+     "line_stride"},
+    {"LineStrideOverflowing", [](RegionHeader& h, uint64_t&) { h.line_stride = kTop; },
+     "region_bytes"},
+    // lines_offset + queues * line_stride wraps 64 bits to a small number.
+    {"LinesWrapping64Bits",
+     [](RegionHeader& h, uint64_t&) {
+       h.line_stride = (UINT64_MAX / 3 + 1 + kPageBytes) & ~uint64_t{kPageBytes - 1};
+     },
+     "region_bytes"},
+    {"RegionTooSmallForTheLines", [](RegionHeader& h, uint64_t&) { h.region_bytes -= kPageBytes; },
+     "region_bytes"},
+    {"MappedTooSmallForTheLines", [](RegionHeader&, uint64_t& mapped) { mapped -= kPageBytes; },
+     "region_bytes"},
+    // Lines dropped from the features, their fields left behind.
+    {"FeaturesWithoutLinesButLineFields", [](RegionHeader& h, uint64_t&) { h.features = 0; },
+     "line_bytes"},
+    // A ring capacity whose lines need more than the stride gives them.
+    {"RingCapacityBeyondTheLines",
+     [](RegionHeader& h, uint64_t& mapped) {
+       h.ring_capacity *= 2;
+       h.ring_stride *= 2;
+       h.region_bytes = h.rings_offset + 6 * h.ring_stride;
+       h.lines_offset = h.region_bytes;
+       h.region_bytes += 3 * h.line_stride;
+       mapped = h.region_bytes;
+     },
+     "line_stride"},
 };
 
 class ValidateRegionTest : public ::testing::TestWithParam<RegionCase> {};
+class ValidateLinesTest : public ::testing::TestWithParam<RegionCase> {};
 
 INSTANTIATE_TEST_SUITE_P(BadFields, ValidateRegionTest, ::testing::ValuesIn(kRegionCases),
                          [](const ::testing::TestParamInfo<RegionCase>& info) {
@@ -153,6 +270,33 @@ TEST_P(ValidateRegionTest, RefusesAndNamesTheField) {
   ASSERT_FALSE(s.ok()) << GetParam().name << " was accepted";
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("'" + std::string(GetParam().field) + "'"));
+}
+
+INSTANTIATE_TEST_SUITE_P(BadFields, ValidateLinesTest, ::testing::ValuesIn(kLinesCases),
+                         [](const ::testing::TestParamInfo<RegionCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST_P(ValidateLinesTest, RefusesAndNamesTheField) {
+  RegionHeader h = compute_layout(kBaseLines, 5);
+  uint64_t mapped = h.region_bytes;
+  ASSERT_TRUE(validate_region(h, mapped).ok());
+  GetParam().corrupt(h, mapped);
+  const Status s = validate_region(h, mapped);
+  ASSERT_FALSE(s.ok()) << GetParam().name << " was accepted";
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("'" + std::string(GetParam().field) + "'"));
+}
+
+TEST(ValidateRegion, LinesLayoutsAreAccepted) {
+  for (const auto& [rx, tx] : {std::pair{true, false}, {false, true}, {true, true}}) {
+    RegionGeometry g = kBaseLines;
+    g.rx_lines = rx;
+    g.tx_lines = tx;
+    const RegionHeader h = compute_layout(g, 1);
+    const Status s = validate_region(h, h.region_bytes);
+    EXPECT_TRUE(s.ok()) << rx << tx << ": " << s.message();
+  }
 }
 
 TEST(ValidateRegion, AcceptsAnyAlignedOrderedInBoundsLayout) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace caracal::server {
@@ -152,6 +154,76 @@ TEST(ServerConfig, TheExampleSecretOnlyOnLoopback) {
   EXPECT_EQ(error_of(with("127.0.0.1:7100", "0.0.0.0:7100")), "");
 }
 
+// Left out, the control and metrics endpoints listen on loopback only: nothing but the
+// services' own listeners is reachable from another machine unless the config says so.
+TEST(ServerConfig, ControlAndMetricsDefaultToLoopback) {
+  const ServerConfig defaults;
+  EXPECT_TRUE(is_loopback_host(defaults.control.listen.host));
+  EXPECT_EQ(defaults.control.listen.str(), "127.0.0.1:7100");
+  EXPECT_EQ(kDefaultMetricsListen.str(), "127.0.0.1:9100");
+  EXPECT_TRUE(is_loopback_host(kDefaultMetricsListen.host));
+
+  std::string text = with("  listen: 127.0.0.1:7100\n", "");
+  text = text.replace(text.find("metrics:\n  listen: \"[::1]:9100\"\n"),
+                      std::string("metrics:\n  listen: \"[::1]:9100\"\n").size(), "metrics: {}\n");
+  const ServerConfig c = parse(text);
+  EXPECT_EQ(c.control.listen.str(), "127.0.0.1:7100");
+  ASSERT_TRUE(c.metrics_listen.has_value());
+  EXPECT_EQ(c.metrics_listen->str(), "127.0.0.1:9100");
+  // No metrics section: no metrics endpoint at all.
+  std::string none = kValid;
+  none.erase(none.find("metrics:"), std::string("metrics:\n  listen: \"[::1]:9100\"\n").size());
+  EXPECT_FALSE(parse(none).metrics_listen.has_value());
+}
+
+TEST(ServerConfig, IsLoopbackHost) {
+  for (const char* h : {"127.0.0.1", "127.0.0.2", "::1", "localhost"})
+    EXPECT_TRUE(is_loopback_host(h)) << h;
+  for (const char* h : {"0.0.0.0", "::", "192.0.2.1", "10.0.0.1", "example.org", ""})
+    EXPECT_FALSE(is_loopback_host(h)) << h;
+}
+
+// A control endpoint anywhere, loopback or not, needs a secret of at least 16 characters: the
+// server does not start without one (SecretRequiredAndLongEnough), and the examples' secret
+// only on loopback (TheExampleSecretOnlyOnLoopback).
+TEST(ServerConfig, NoSecretOnANonLoopbackAddressIsRefused) {
+  std::string text = with("127.0.0.1:7100", "0.0.0.0:7100");
+  text.erase(text.find("  secret: 0123456789abcdef0123\n"),
+             std::string("  secret: 0123456789abcdef0123\n").size());
+  const std::string e = error_of(text);
+  EXPECT_NE(e.find("'secret' or 'secret_file'"), std::string::npos) << e;
+}
+
+TEST(ServerConfig, AuthThrottleSettings) {
+  const ServerConfig d = parse(kValid);
+  EXPECT_EQ(d.control.auth.failures, 5u);
+  EXPECT_EQ(d.control.auth.window.count(), 60'000);
+  EXPECT_EQ(d.control.auth.penalty.count(), 1'000);
+  EXPECT_EQ(d.control.auth.max_penalty.count(), 60'000);
+  EXPECT_EQ(d.control.auth.max_addresses, 4096u);
+  EXPECT_EQ(d.control.max_region_bytes, uint64_t{4} << 30);
+  const std::string at = "  agent_timeout_ms: 500";
+  const ServerConfig c =
+      parse(with(at, at + "\n  auth_failures: 3\n  auth_window_ms: 1000\n  auth_penalty_ms: 200\n"
+                          "  auth_penalty_max_ms: 800\n  auth_tracked_addresses: 16\n"
+                          "  max_region_bytes: 1048576"));
+  EXPECT_EQ(c.control.auth.failures, 3u);
+  EXPECT_EQ(c.control.auth.window.count(), 1000);
+  EXPECT_EQ(c.control.auth.penalty.count(), 200);
+  EXPECT_EQ(c.control.auth.max_penalty.count(), 800);
+  EXPECT_EQ(c.control.auth.max_addresses, 16u);
+  EXPECT_EQ(c.control.max_region_bytes, 1u << 20);
+  EXPECT_EQ(parse(with(at, at + "\n  auth_failures: 0")).control.auth.failures, 0u);
+  std::string e = error_of(with(at, at + "\n  auth_penalty_ms: 5000\n  auth_penalty_max_ms: 1000"));
+  EXPECT_NE(e.find("auth_penalty_max_ms (1000) must be at least auth_penalty_ms (5000)"),
+            std::string::npos)
+      << e;
+  e = error_of(with(at, at + "\n  auth_tracked_addresses: 0"));
+  EXPECT_NE(e.find("auth_tracked_addresses"), std::string::npos) << e;
+  e = error_of(with(at, at + "\n  max_region_bytes: 100"));
+  EXPECT_NE(e.find("max_region_bytes"), std::string::npos) << e;
+}
+
 TEST(ServerConfig, FramingMismatches) {
   std::string e =
       error_of(with("{ protocol: udp, listen: 0.0.0.0:7000 }",
@@ -272,6 +344,31 @@ TEST(ShippedConfigs, EchoServerParses) {
   ASSERT_EQ(c.services[0].listeners.size(), 4u);
   EXPECT_EQ(c.services[0].listeners[2].error_reply, "ERROR {reason}");
   EXPECT_EQ(c.services[0].listeners[3].framing.fixed_bytes, 64u);
+}
+
+// The shipped server configs, and the one the package installs, keep the control and metrics
+// endpoints on loopback.
+TEST(ShippedConfigs, ControlAndMetricsOnLoopback) {
+  for (const char* name : {"echo-server.yaml", "kv-server.yaml", "face-server.yaml"}) {
+    const ServerConfig c = load_server_config(std::string(CARACAL_CONFIGS_DIR "/") + name);
+    EXPECT_TRUE(is_loopback_host(c.control.listen.host)) << name;
+    ASSERT_TRUE(c.metrics_listen.has_value()) << name;
+    EXPECT_TRUE(is_loopback_host(c.metrics_listen->host)) << name;
+  }
+  // deploy/etc/server.yaml reads /etc/caracal/secret, which a test machine lacks: parsed with
+  // an inline secret in its place.
+  std::ifstream in(CARACAL_DEPLOY_DIR "/etc/server.yaml");
+  ASSERT_TRUE(in) << CARACAL_DEPLOY_DIR "/etc/server.yaml";
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string yaml = text.str();
+  const std::string file_key = "secret_file: /etc/caracal/secret";
+  ASSERT_NE(yaml.find(file_key), std::string::npos);
+  yaml.replace(yaml.find(file_key), file_key.size(), "secret: 0123456789abcdef");
+  const ServerConfig c = parse(yaml);
+  EXPECT_TRUE(is_loopback_host(c.control.listen.host));
+  ASSERT_TRUE(c.metrics_listen.has_value());
+  EXPECT_TRUE(is_loopback_host(c.metrics_listen->host));
 }
 
 TEST(ShippedConfigs, KvServerParses) {

@@ -8,7 +8,9 @@
 //   agent                                   server
 //   hello {protocol, secret, agent, epoch} ->
 //                                          <- welcome {heartbeat_interval_ms, agent_timeout_ms}
-//                                             or refused {message}, then close
+//                                             or refused {message}, then close; a refusal
+//                                             with retry_after_ms is for that long only
+//                                             (the agent's address is throttled)
 //   region {service, transport,            ->    (one per service the agent serves)
 //           region_bytes, destinations,
 //           shm: shm_name
@@ -81,6 +83,11 @@ struct Bye {};
 struct Refused {
   std::string service;  // empty: the registration as a whole
   std::string message;
+  // Nonzero: the refusal is for now, not for good. The server throttles the agent's address
+  // after repeated failed hellos from it and names how long is left; the agent tries again
+  // after that long instead of giving up. Older agents read a refusal with this key as a
+  // malformed frame, which they also retry.
+  uint32_t retry_after_ms = 0;
 };
 
 using Message = std::variant<Hello, Welcome, RegionAnnounce, Attached, Heartbeat, Bye, Refused>;
@@ -113,6 +120,10 @@ inline constexpr std::string_view kExampleSecret = "change-me-0123456789";
 // kMinSecretBytes long; a file that other users may read, write or search is refused. Throws
 // config::ConfigError at the offending line.
 std::string read_secret(const config::Field& mapping);
+
+// The refusal of a hello of another protocol version. decode() accepts any version, so that the
+// server can tell this refusal from a malformed frame.
+std::string unsupported_protocol(uint32_t version);
 
 // Compares two secrets in time that depends only on their lengths, not on where they differ.
 bool secrets_equal(std::string_view a, std::string_view b);

@@ -12,16 +12,22 @@
 //                                  # Each thread polls a core while it has work.
 //   log_level: info                # trace, debug, info, warn, error
 //   control:                       # where agents register
-//     listen: 127.0.0.1:7100
+//     listen: 127.0.0.1:7100       # the default: loopback only
 //     secret_file: /etc/caracal/secret   # or `secret: TEXT`; one of the two is required
 //     heartbeat_interval_ms: 100
 //     agent_timeout_ms: 1000
+//     auth_failures: 5                 # failed hellos from one address (0: no throttling)
+//     auth_window_ms: 60000            #   before a penalty, no gap this long between them
+//     auth_penalty_ms: 1000            # the first penalty, doubling per failure after it
+//     auth_penalty_max_ms: 60000       #   up to this
+//     auth_tracked_addresses: 4096     # addresses whose failures are remembered
+//     max_region_bytes: 4294967296     # the largest region an agent may register
 //     rdma_connect_timeout_ms: 2000    # connecting to an rdma agent's region (see below)
 //     rdma_reconnect_max_ms: 5000      # longest wait between reconnects to an rdma region
 //     rdma_ack_timeout: 18             # queue pairs to rdma regions: ACK timeout 4.096 us * 2^n
 //     rdma_retry_count: 6              # and retries before a lost agent fails the queue pair
 //   metrics:                       # optional Prometheus endpoint
-//     listen: 127.0.0.1:9100
+//     listen: 127.0.0.1:9100       # the default: loopback only
 //   services:
 //     - name: echo
 //       max_message_bytes: 1024
@@ -58,6 +64,7 @@
 #include <vector>
 
 #include "caracal/config/yaml.hpp"
+#include "caracal/server/auth_throttle.hpp"
 #include "caracal/server/framing.hpp"
 
 namespace caracal::server {
@@ -142,8 +149,13 @@ struct DpdkConfig {
   uint32_t idle_sleep_us = 0;
 };
 
+// Where the control and metrics endpoints listen when the config does not say: loopback, so
+// that neither is reachable from another machine unless asked for.
+inline const config::HostPort kDefaultControlListen{"127.0.0.1", 7100};
+inline const config::HostPort kDefaultMetricsListen{"127.0.0.1", 9100};
+
 struct ControlConfig {
-  config::HostPort listen;
+  config::HostPort listen = kDefaultControlListen;
   std::string secret;
   uint32_t heartbeat_interval_ms = 100;
   uint32_t agent_timeout_ms = 1000;
@@ -161,6 +173,13 @@ struct ControlConfig {
   // "retry forever".
   uint8_t rdma_ack_timeout = 18;
   uint8_t rdma_retry_count = 6;
+  // Failed hellos (a wrong secret, a malformed or unexpected first frame, another protocol
+  // version) per source address, and the penalties that follow (auth_throttle.hpp).
+  AuthThrottleConfig auth;
+  // The largest region_bytes an agent may announce. The server maps that much (shm) or
+  // allocates and registers a staging image of it (rdma) before it can read the header, so a
+  // larger announcement is refused first.
+  uint64_t max_region_bytes = uint64_t{4} << 30;
 };
 
 struct ServerConfig {
@@ -175,6 +194,9 @@ struct ServerConfig {
   std::vector<DestinationConfig> destinations;
   std::optional<DpdkConfig> dpdk;
 };
+
+// Whether `host` names this machine only: a loopback address or "localhost".
+bool is_loopback_host(const std::string& host);
 
 // Whether this build has the DPDK listener (CARACAL_HAVE_DPDK).
 bool dpdk_available();

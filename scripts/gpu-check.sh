@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: builds everything, runs the GPU tests, the GPU tests under
-# compute-sanitizer (memcheck and racecheck), the end-to-end tests with the agents on gpu:0,
-# and the GPU benchmarks. Logs go to OUT_DIR (default build-gpu/out). Every GPU program runs
-# under `timeout`, so a kernel that never stops cannot hang the run.
+# compute-sanitizer (memcheck and racecheck), the end-to-end tests with the agents on gpu:0, an
+# agent whose kernel faults next to a healthy one, and the GPU benchmarks. Logs go to OUT_DIR
+# (default build-gpu/out). Every GPU program runs under `timeout`, so a kernel that never stops
+# cannot hang the run.
 #
 #   scripts/gpu-check.sh [--skip-bench] [--only-bench] [--quick]
 #
@@ -72,6 +73,12 @@ if [ "$only_bench" -eq 0 ]; then
   fi
   step e2e-gpu env CARACAL_E2E_ACCELERATOR=gpu:0 timeout 900 \
     ctest --test-dir "$BUILD" -L e2e --output-on-failure --timeout 300
+  # A handler that faults on the GPU (caracal_echo_agent --fault-after: __trap()) under load,
+  # next to a healthy agent on the CPU: the agent must log the CUDA error and exit 1, the server
+  # fail what was in flight to it with error replies, and the other agent serve on with no
+  # error (tests/e2e/agent_stall.sh; e2e-gpu above runs its stalled and slow kernels too).
+  step gpu-agent-fault env CARACAL_E2E_ACCELERATOR=gpu:0 CARACAL_STALL_CASES=fault timeout 300 \
+    bash tests/e2e/agent_stall.sh "$BUILD" "$PWD"
   if [ "$quick" -eq 0 ]; then
     step host-tests timeout 900 ctest --test-dir "$BUILD" -LE 'gpu|e2e' -j 8 --timeout 300
   fi

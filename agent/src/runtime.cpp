@@ -608,8 +608,13 @@ Outcome AgentRuntime::Impl::serve(ServerLink& conn) {
     if (conn.failed()) return lost(conn.error());
     // An accelerator that stopped serving on its own cannot be restarted in this process (a
     // failed kernel poisons the CUDA context): leave without bye, so the server fails what was
-    // in flight to this agent right away, and exit with the error.
-    if (Status st = session.health(); !st.ok()) return fatal(st);
+    // in flight to this agent right away, and exit with the error. The connection closes before
+    // the session stops its accelerators: tearing down a faulted GPU context can take a while,
+    // and the server hears of the loss from the close.
+    if (Status st = session.health(); !st.ok()) {
+      conn.close();
+      return fatal(st);
+    }
 
     const auto now = Clock::now();
     if (now - last_heard >= timeout) {

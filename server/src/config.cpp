@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <boost/asio/ip/address.hpp>
 #include <fstream>
 #include <set>
@@ -185,7 +186,8 @@ ListenerConfig parse_listener(const Field& f, uint32_t max_message_bytes) {
 }
 
 ServiceConfig parse_service(const Field& f) {
-  f.allow_only({"name", "max_message_bytes", "dispatch", "listeners"});
+  f.allow_only({"name", "max_message_bytes", "dispatch", "listeners", "reply_timeout_ms",
+                "eject_after_timeouts", "eject_ms", "eject_max_ms"});
   ServiceConfig s;
   s.name = f.required("name").as_string();
   if (s.name.empty()) f.required("name").fail("service name is empty");
@@ -195,6 +197,24 @@ ServiceConfig parse_service(const Field& f) {
     s.dispatch = d->as_choice<DispatchPolicy>({{"round_robin", DispatchPolicy::kRoundRobin},
                                                {"least_loaded", DispatchPolicy::kLeastLoaded},
                                                {"flow_affinity", DispatchPolicy::kFlowAffinity}});
+  }
+  constexpr uint64_t kDayMs = 86'400'000;
+  if (auto v = f.optional("reply_timeout_ms")) {
+    s.reply_timeout_ms = static_cast<uint32_t>(v->as_uint(0, kDayMs));
+  }
+  if (auto v = f.optional("eject_after_timeouts")) {
+    s.eject_after_timeouts = static_cast<uint32_t>(v->as_uint(0, 1'000'000));
+  }
+  if (auto v = f.optional("eject_ms")) s.eject_ms = static_cast<uint32_t>(v->as_uint(1, kDayMs));
+  if (auto v = f.optional("eject_max_ms")) {
+    s.eject_max_ms = static_cast<uint32_t>(v->as_uint(1, kDayMs));
+  } else {
+    s.eject_max_ms = std::max(s.eject_max_ms, s.eject_ms);  // the default never caps below it
+  }
+  if (s.eject_max_ms < s.eject_ms) {
+    f.required("eject_max_ms")
+        .fail("eject_max_ms (" + std::to_string(s.eject_max_ms) + ") is below eject_ms (" +
+              std::to_string(s.eject_ms) + "), the first ejection's length");
   }
   const std::vector<Field> listeners = f.required("listeners").items();
   if (listeners.empty()) f.required("listeners").fail("a service needs at least one listener");

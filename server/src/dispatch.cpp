@@ -13,6 +13,7 @@ using Clock = std::chrono::steady_clock;
 
 Service::Service(const ServiceConfig& config, Engine& engine, Registry& metrics)
     : config_(config),
+      ejection_policy_(EjectionPolicy::of(config)),
       engine_(engine),
       metrics_(metrics),
       shards_(std::make_unique<Shard[]>(kThreadShards)),
@@ -34,6 +35,9 @@ Service::Service(const ServiceConfig& config, Engine& engine, Registry& metrics)
                                     "Replies taken from their TX lines, ahead of the tail that "
                                     "publishes them",
                                     {{"service", config.name}})),
+      ejected_(metrics.gauge("caracal_service_agents_ejected",
+                             "Agents of the service out of its dispatch now for timing out",
+                             {{"service", config.name}})),
       drops_(metrics, "caracal_service_drops_total", "Requests or replies dropped, by reason",
              {{"service", config.name}}),
       latency_(metrics.histogram("caracal_service_latency_seconds",
@@ -173,10 +177,22 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
                             std::to_string(config_.max_message_bytes) +
                             " (raise max_message_bytes in the agent's config)");
   }
+  region->set_reply_timeout(std::chrono::milliseconds(config_.reply_timeout_ms));
   std::lock_guard lock(membership_m_);
-  auto next = std::make_shared<Targets>(*targets_);
+  const Labels agent_labels{{"service", config_.name}, {"agent", region->agent()}};
+  members_.push_back(Member{
+      region,
+      {},
+      &metrics_.counter("caracal_agent_reply_timeouts_total",
+                        "Requests the agent did not answer within the service's "
+                        "reply_timeout_ms (each got an error reply)",
+                        agent_labels),
+      &metrics_.counter("caracal_agent_ejections_total",
+                        "Times the agent was taken out of the service's dispatch for requests "
+                        "that timed out in a row",
+                        agent_labels),
+      std::nullopt});
   for (uint32_t q = 0; q < region->server_queues(); ++q) {
-    next->all.push_back(Target{region, q, h.ring_capacity});
     const Labels labels{
         {"service", config_.name}, {"agent", region->agent()}, {"queue", std::to_string(q)}};
     const QueueInbox* inbox = &region->inbox(q);
@@ -197,19 +213,101 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
           "Requests the queue's handler answered since its region was attached",
           &QueueInbox::answered);
   }
+  rebuild_locked();
+  return Status::ok_status();
+}
+
+Service::Member* Service::member_locked(const AgentRegion& region) {
+  for (Member& m : members_) {
+    if (m.region.get() == &region) return &m;
+  }
+  return nullptr;
+}
+
+size_t Service::in_dispatch_locked() const {
+  return static_cast<size_t>(std::count_if(members_.begin(), members_.end(),
+                                           [](const Member& m) { return !m.ejection.ejected(); }));
+}
+
+void Service::rebuild_locked() {
+  auto next = std::make_shared<Targets>();
+  for (const Member& m : members_) {
+    if (m.ejection.ejected()) continue;
+    const uint32_t capacity = m.region->header().ring_capacity;
+    for (uint32_t q = 0; q < m.region->server_queues(); ++q)
+      next->all.push_back(Target{m.region, q, capacity});
+  }
   index_by_thread(*next);
   publish(std::move(next));
-  return Status::ok_status();
+  ejected_.set(static_cast<int64_t>(members_.size() - in_dispatch_locked()));
+}
+
+void Service::readmit_locked(Member& m, Clock::time_point now, const char* why) {
+  m.ejection.readmit(now);
+  m.region->set_ejected_until(std::nullopt);
+  spdlog::info("agent '{}' is back in the dispatch of service '{}': {}", m.region->agent(),
+               config_.name, why);
+}
+
+void Service::on_reply_timeouts(const AgentRegion& region, uint32_t expired, uint32_t in_a_row) {
+  std::lock_guard lock(membership_m_);
+  Member* m = member_locked(region);
+  if (m == nullptr) return;  // left the service meanwhile
+  m->timeouts->inc(expired);
+  if (!ejection_policy_.due(in_a_row) || m->ejection.ejected()) return;
+  const Clock::time_point now = Clock::now();
+  if (in_dispatch_locked() <= 1) {
+    // The last agent in dispatch: ejecting it would turn a slow service into one that answers
+    // nothing but `no agent` (see the top of dispatch.hpp).
+    if (!m->spared_logged || now - *m->spared_logged >= ejection_policy_.period) {
+      m->spared_logged = now;
+      SPDLOG_WARN(
+          "agent '{}': {} request(s) in a row unanswered within {} ms on a queue of service "
+          "'{}'; not ejected: it is the last agent of the service in dispatch",
+          region.agent(), in_a_row, config_.reply_timeout_ms, config_.name);
+    }
+    return;
+  }
+  const std::chrono::milliseconds period = m->ejection.eject(now, ejection_policy_);
+  m->region->set_ejected_until(m->ejection.until());
+  m->ejections->inc();
+  rebuild_locked();
+  SPDLOG_WARN(
+      "agent '{}' ejected from the dispatch of service '{}' for {} ms: {} request(s) in a row "
+      "unanswered within {} ms on one of its queues (ejection {} in a row)",
+      region.agent(), config_.name, period.count(), in_a_row, config_.reply_timeout_ms,
+      m->ejection.streak());
+  on_room();  // connections parked on its congested queues go on with the other agents
+}
+
+void Service::on_ejection_over(const AgentRegion& region, bool answered) {
+  std::lock_guard lock(membership_m_);
+  Member* m = member_locked(region);
+  if (m == nullptr || !m->ejection.ejected()) return;  // gone, or back already
+  const Clock::time_point now = Clock::now();
+  if (!answered && now < m->ejection.until()) return;
+  readmit_locked(*m, now, answered ? "it answered a request in time" : "its ejection ended");
+  rebuild_locked();
 }
 
 void Service::remove(const AgentRegion* region) {
   std::lock_guard lock(membership_m_);
-  auto next = std::make_shared<Targets>();
-  for (const Target& t : targets_->all) {
-    if (t.region.get() != region) next->all.push_back(t);
+  std::erase_if(members_, [&](const Member& m) {
+    if (m.region.get() != region) return false;
+    // Out of the service: engine threads, which may still serve it while it drains, have no one
+    // to tell about its ejection any more.
+    m.region->set_ejected_until(std::nullopt);
+    return true;
+  });
+  if (in_dispatch_locked() == 0) {
+    // Whoever is left is ejected: they serve again rather than nobody (see the top of
+    // dispatch.hpp).
+    const Clock::time_point now = Clock::now();
+    for (Member& m : members_) {
+      readmit_locked(m, now, "no other agent of the service is left in dispatch");
+    }
   }
-  index_by_thread(*next);
-  publish(std::move(next));
+  rebuild_locked();
   on_room();  // connections parked on the removed queues would otherwise wait forever
   for (auto it = metric_callbacks_.begin(); it != metric_callbacks_.end();) {
     if (it->first == region) {
@@ -225,8 +323,8 @@ void Service::remove_all() {
   std::vector<const AgentRegion*> regions;
   {
     std::lock_guard lock(membership_m_);
-    for (const Target& t : targets_->all)
-      regions.push_back(t.region.get());
+    for (const Member& m : members_)
+      regions.push_back(m.region.get());
   }
   for (const AgentRegion* r : regions)
     remove(r);
@@ -234,6 +332,11 @@ void Service::remove_all() {
 
 size_t Service::queue_count() const {
   return with_targets([](const Targets& t, uint64_t&) { return t.all.size(); });
+}
+
+size_t Service::ejected_count() const {
+  std::lock_guard lock(membership_m_);
+  return members_.size() - in_dispatch_locked();
 }
 
 void Service::park(std::function<void()> resume) {

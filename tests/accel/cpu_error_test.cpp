@@ -1,6 +1,6 @@
 // Failures the CPU accelerator contains: handlers that throw or overrun their response buffer
-// (an error reply, and the worker goes on), and corrupt RX entries (that queue stops, the
-// others go on).
+// (an error reply, and the worker goes on), handlers that fault (that worker stops, and the
+// accelerator reports it), and corrupt RX entries (that queue stops, the others go on).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -33,9 +33,11 @@ std::string_view request_text(const Request& req) {
 }
 
 // Echoes, except on command: "throw:<why>" throws a std::runtime_error, "throw-int" throws
-// something that is not a std::exception, "overrun" claims one byte more than the capacity.
+// something that is not a std::exception, "overrun" claims one byte more than the capacity,
+// "fault" calls fault().
 void misbehave_or_echo(const Request& req, Response& resp) {
   const std::string_view text = request_text(req);
+  if (text == "fault") fault("asked to");
   if (text.starts_with("throw:")) throw std::runtime_error("boom " + std::string(text.substr(6)));
   if (text == "throw-int") throw 42;
   if (text == "overrun") {
@@ -129,6 +131,42 @@ TYPED_TEST(HandlerErrorTest, ErrorRepliesAndTheWorkerGoesOn) {
   }
   EXPECT_EQ(acc.stats(0).handler_errors.load(), bad);
   EXPECT_EQ(acc.total_requests(), script.size() * 2 + 100);
+}
+
+// A fault is not an error reply: the worker that ran the handler stops, the request that
+// faulted and those after it on its queues stay unanswered, the replies made before it still go
+// out, the other workers serve on, and health() reports the fault until the end.
+TYPED_TEST(HandlerErrorTest, AFaultStopsItsWorkerAndIsReported) {
+  SnicDriver snic(small_geometry(2));
+  CpuAccelerator<TypeParam> acc(snic.region(), TypeParam{}, workers_options(2));
+  ASSERT_TRUE(acc.start().ok());
+  ASSERT_TRUE(snic.push(0, to_bytes("before"), request_token(0, 0)));
+  std::vector<TxEntry> replies;
+  ASSERT_TRUE(snic.collect_replies(1, replies));
+  EXPECT_EQ(replies[0].text(), "before");
+  EXPECT_TRUE(acc.health().ok());
+
+  // Worker 0 owns queue 0: the fault stops it.
+  ASSERT_TRUE(snic.push(0, to_bytes("fault"), request_token(0, 1)));
+  ASSERT_TRUE(snic.push(0, to_bytes("after"), request_token(0, 2)));
+  ASSERT_TRUE(wait_until([&] { return !acc.health().ok(); })) << "the fault was not reported";
+  const Status health = acc.health();
+  EXPECT_EQ(health.code(), StatusCode::kAborted);
+  EXPECT_EQ(health.message(), "CPU worker 0: handler fault: asked to");
+
+  // Worker 1 serves queue 1 on.
+  std::vector<std::vector<PendingRequest>> requests(2);
+  for (uint32_t i = 0; i < 20; ++i)
+    requests[1].push_back(PendingRequest{to_bytes("q1 " + std::to_string(i)), request_token(1, i)});
+  std::vector<std::vector<TxEntry>> answered;
+  ASSERT_TRUE(snic.exchange(requests, answered));
+  ASSERT_EQ(answered[1].size(), 20u);
+  EXPECT_EQ(answered[1][19].text(), "q1 19");
+  std::vector<TxEntry> rest;
+  snic.poll_replies(rest);
+  EXPECT_TRUE(rest.empty()) << "queue 0 answered past its fault";
+  stop_within(acc);
+  EXPECT_EQ(acc.health().message(), health.message()) << "reported after the stop too";
 }
 
 // --- Corrupt RX entries ----------------------------------------------------------------------

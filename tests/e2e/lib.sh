@@ -111,20 +111,24 @@ port_of() {
   sed -nE "s#.*listening on $1 \(port ([0-9]+)\).*#\1#p" "$WORK/server.log" | sed -n "${2:-1}p"
 }
 
-# start_agent NAME BINARY SERVICES_YAML: an agent registered under NAME; waits until it serves.
+# start_agent NAME BINARY SERVICES_YAML [ARGS...]: an agent registered under NAME, with ARGS
+# on its command line (handler options); waits until it serves. AGENT_ACCELERATOR, when set,
+# overrides ACCELERATOR for this agent; AGENT_YAML, when set, is added to its configuration.
 start_agent() {
   local name=$1 bin=$2 services=$3
+  shift 3
   cat >"$WORK/$name.yaml" <<YAML
 agent: $name
 server: 127.0.0.1:$CONTROL_PORT
 secret: $SECRET
-accelerator: $ACCELERATOR
+accelerator: ${AGENT_ACCELERATOR:-$ACCELERATOR}
 $TRANSPORT_YAML
 reconnect_interval_ms: 100
+${AGENT_YAML:-}
 services:
 $services
 YAML
-  "$bin" --config "$WORK/$name.yaml" >"$WORK/$name.log" 2>&1 &
+  "$bin" --config "$WORK/$name.yaml" "$@" >"$WORK/$name.log" 2>&1 &
   local pid=$!
   PIDS+=("$pid")
   eval "AGENT_PID_${name//-/_}=$pid"
@@ -132,12 +136,13 @@ YAML
   wait_for_line "$WORK/server.log" "agent '$name' region for service .* attached"
 }
 
-# start_fault_server [CONTROL_KEYS]: the server the fault scripts (agent_loss.sh,
+# start_fault_server [CONTROL_KEYS [SERVICE_KEYS]]: the server the fault scripts (agent_loss.sh,
 # tests/rdma/link_fault.sh) run, with two engine threads (an shm region's queues are split
 # between them, an rdma region stays on one; ENGINE_THREADS=0 runs the engine in the I/O
 # threads instead, as do kv_memcached.sh and backpressure.sh): service echo over line-framed TCP with error replies, heartbeats
 # every 50 ms (CARACAL_E2E_AGENT_TIMEOUT_MS, default 500, lengthens the timeout where they run
-# late, as in the emulated VM), and CONTROL_KEYS (", key: value" ...) added to `control`. Sets
+# late, as in the emulated VM), CONTROL_KEYS (", key: value" ...) added to `control` and
+# SERVICE_KEYS (", key: value" ...) to the service (reply_timeout_ms, say). Sets
 # PORT to the TCP listener's port and SERVICE to the agents' service entry (with RX_LINES, when
 # set, as its rx_lines).
 start_fault_server() {
@@ -146,11 +151,8 @@ engine_threads: ${ENGINE_THREADS:-2}
 control: { listen: 127.0.0.1:0, secret: $SECRET, heartbeat_interval_ms: 50, agent_timeout_ms: ${CARACAL_E2E_AGENT_TIMEOUT_MS:-500}${1:-} }
 metrics: { listen: 127.0.0.1:0 }
 services:
-  - name: echo
-    max_message_bytes: 512
-    dispatch: round_robin
-    listeners:
-      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line }, error_reply: 'ERROR {reason}' }"
+  - { name: echo, max_message_bytes: 512, dispatch: round_robin${2:-},
+      listeners: [ { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line }, error_reply: 'ERROR {reason}' } ] }"
   PORT=$(port_of "tcp/127.0.0.1:0")
   SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 512${RX_LINES:+, rx_lines: $RX_LINES} }"
 }
@@ -187,8 +189,10 @@ finish_load() {
   LOAD_ERRORS=$(sed -nE 's/.*errors=([0-9]+).*/\1/p' "$WORK/client.log")
 }
 
+# metric REGEX: the sum of the series whose line starts with REGEX (0 when there is none yet).
 metric() {
-  curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E "^$1" | awk '{s += $NF} END {print s + 0}'
+  curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | { grep -E "^$1" || true; } |
+    awk '{s += $NF} END {print s + 0}'
 }
 
 # pingpong_ok OUT WHAT: sockperf ping-pong output with replies and nothing lost, duplicated or

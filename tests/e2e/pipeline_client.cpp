@@ -12,6 +12,10 @@
 // open --hold-s seconds more (a line on stdout says when the hold starts, for a script that
 // measures the server then).
 //
+// With --error-prefix, the summary line also gives the longest time an error reply took from
+// its request being queued for sending (error_max_ms), and the first error reply is printed:
+// what a script checks a timeout bound by.
+//
 // Exit status: 0 when every reply on every connection was correct; 1 when any was wrong or a
 // connection failed (the first problem of each connection is printed); 2 when --timeout-s ran
 // out with replies still missing (how many is printed). Other codes are usage errors.
@@ -138,6 +142,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   uint64_t replies() const { return replies_; }
   uint64_t errors() const { return errors_; }
+  double error_max_ms() const { return error_max_ms_; }
+  const std::string& first_error() const { return first_error_; }
   bool failed() const { return !error_.empty(); }
   const std::string& error() const { return error_; }
   uint32_t index() const { return index_; }
@@ -181,6 +187,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         outbox_ += '\n';
       }
       outstanding_.push_back(std::move(r));
+      sent_at_.push_back(std::chrono::steady_clock::now());
       ++sent_;
     }
     if (!writing_ && !outbox_.empty()) {
@@ -258,9 +265,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
                       describe_difference(expected, got) + out_of_order_hint(got));
         }
         ++errors_;
+        const double ms = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - sent_at_.front())
+                              .count();
+        error_max_ms_ = std::max(error_max_ms_, ms);
+        if (first_error_.empty()) first_error_ = got;
       }
       in_pos_ += frame;
       outstanding_.pop_front();
+      sent_at_.pop_front();
       ++replies_;
       if (replies_ == options_.requests) {
         if (in_pos_ != in_.size()) {
@@ -321,6 +334,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const Hooks& hooks_;
 
   std::deque<std::string> outstanding_;  // sent (or queued), not yet answered; oldest first
+  std::deque<std::chrono::steady_clock::time_point> sent_at_;  // when each was queued
+  double error_max_ms_ = 0;                                    // the longest an error reply took
+  std::string first_error_;                                    // the first error reply
   uint64_t sent_ = 0;
   uint64_t replies_ = 0;  // correct replies (error replies included, see --error-prefix)
   uint64_t errors_ = 0;   // error replies
@@ -426,12 +442,16 @@ int run(const Options& options) {
 
   uint64_t replies = 0;
   uint64_t errors = 0;
+  double error_max_ms = 0;
+  std::string first_error;
   uint64_t missing = 0;
   uint32_t waiting = 0;
   std::vector<const Connection*> failed;
   for (const auto& c : connections) {
     replies += c->replies();
     errors += c->errors();
+    error_max_ms = std::max(error_max_ms, c->error_max_ms());
+    if (first_error.empty()) first_error = c->first_error();
     if (c->failed()) {
       failed.push_back(c.get());
     } else if (c->replies() < options.requests) {
@@ -440,10 +460,13 @@ int run(const Options& options) {
     }
   }
   std::printf(
-      "pipeline_client: connections=%u replies=%llu errors=%llu seconds=%.3f replies/s=%.0f\n",
+      "pipeline_client: connections=%u replies=%llu errors=%llu seconds=%.3f replies/s=%.0f "
+      "error_max_ms=%.1f\n",
       options.connections, static_cast<unsigned long long>(replies),
       static_cast<unsigned long long>(errors), seconds,
-      seconds > 0 ? static_cast<double>(replies) / seconds : 0.0);
+      seconds > 0 ? static_cast<double>(replies) / seconds : 0.0, error_max_ms);
+  if (!first_error.empty())
+    std::printf("pipeline_client: first error reply: %s\n", first_error.c_str());
   std::fflush(stdout);  // before the diagnostics on stderr, when both go to one pipe
   constexpr size_t kShown = 20;
   for (size_t i = 0; i < failed.size() && i < kShown; ++i) {

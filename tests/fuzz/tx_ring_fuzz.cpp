@@ -84,6 +84,8 @@ class Events final : public srv::EngineEvents {
   void on_answer(srv::Reply::Kind, Clock::duration) override {}
   void on_line_reply() override {}
   void on_unrouted(srv::DropReason) override {}
+  void on_reply_timeouts(const srv::AgentRegion&, uint32_t, uint32_t) override {}
+  void on_ejection_over(const srv::AgentRegion&, bool) override {}
 
  private:
   std::string name_ = "fuzz";

@@ -93,6 +93,47 @@ TEST(ServerConfig, DestinationTimeout) {
   EXPECT_NE(e.find("timeout_ms"), std::string::npos) << e;
 }
 
+TEST(ServerConfig, ServiceReplyTimeoutAndEjection) {
+  const ServiceConfig defaults = parse(kValid).services[0];
+  EXPECT_EQ(defaults.reply_timeout_ms, 10000u);
+  EXPECT_EQ(defaults.eject_after_timeouts, 3u);
+  EXPECT_EQ(defaults.eject_ms, 5000u);
+  EXPECT_EQ(defaults.eject_max_ms, 60000u);
+
+  const std::string dispatch = "    dispatch: flow_affinity";
+  const ServiceConfig set = parse(with(dispatch, dispatch + R"(
+    reply_timeout_ms: 200
+    eject_after_timeouts: 5
+    eject_ms: 100
+    eject_max_ms: 800)"))
+                                .services[0];
+  EXPECT_EQ(set.reply_timeout_ms, 200u);
+  EXPECT_EQ(set.eject_after_timeouts, 5u);
+  EXPECT_EQ(set.eject_ms, 100u);
+  EXPECT_EQ(set.eject_max_ms, 800u);
+
+  // 0: no bound, and no ejection.
+  EXPECT_EQ(
+      parse(with(dispatch, dispatch + "\n    reply_timeout_ms: 0")).services[0].reply_timeout_ms,
+      0u);
+  EXPECT_EQ(parse(with(dispatch, dispatch + "\n    eject_after_timeouts: 0"))
+                .services[0]
+                .eject_after_timeouts,
+            0u);
+  // A first ejection longer than the default cap raises the cap with it.
+  EXPECT_EQ(parse(with(dispatch, dispatch + "\n    eject_ms: 120000")).services[0].eject_max_ms,
+            120000u);
+  // A cap below the first ejection is a mistake, named at its line.
+  std::string e =
+      error_of(with(dispatch, dispatch + "\n    eject_ms: 1000\n    eject_max_ms: 500"));
+  EXPECT_NE(e.find("test.yaml:15:"), std::string::npos) << e;
+  EXPECT_NE(e.find("eject_max_ms (500) is below eject_ms (1000)"), std::string::npos) << e;
+  e = error_of(with(dispatch, dispatch + "\n    eject_ms: 0"));
+  EXPECT_NE(e.find("services[0].eject_ms"), std::string::npos) << e;
+  e = error_of(with(dispatch, dispatch + "\n    reply_timeout_ms: -1"));
+  EXPECT_NE(e.find("services[0].reply_timeout_ms"), std::string::npos) << e;
+}
+
 TEST(ServerConfig, UnknownKeyNamesLineAndKnownKeys) {
   const std::string e = error_of(with("    dispatch: flow_affinity", "    dispatcher: x"));
   EXPECT_NE(e.find("test.yaml:13:"), std::string::npos) << e;

@@ -3,7 +3,10 @@
 // the queue the policy chose.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
+#include <string>
+#include <thread>
 
 #include "caracal/mqueue/shm.hpp"
 #include "caracal/server/dispatch.hpp"
@@ -28,9 +31,15 @@ class DispatchTest : public ::testing::Test {
  protected:
   void make_service(DispatchPolicy policy) {
     ServiceConfig c;
+    c.dispatch = policy;
+    make_service_with(c);
+  }
+  void make_service_with(ServiceConfig c) {
+    service_.reset();  // a service made before, with its regions (their names are reused)
+    a_ = {};
+    b_ = {};
     c.name = "svc";
     c.max_message_bytes = 64;
-    c.dispatch = policy;
     service_ = std::make_unique<Service>(c, engine_, metrics_);
     a_ = make_region("a", 2, service_.get());
     b_ = make_region("b", 2, service_.get());
@@ -112,6 +121,122 @@ TEST_F(DispatchTest, ARemovedOrClosedRegionIsNotPicked) {
   service_->remove(b_.region.get());
   service_->remove(a_.region.get());
   EXPECT_EQ(service_->dispatch(5, "x", 0, false), DispatchStatus::kNoAgent);
+}
+
+// Outlier ejection, with the service told of timeouts as an engine thread tells it
+// (EngineEvents::on_reply_timeouts): the engine does not run here.
+class EjectionTest : public DispatchTest {
+ protected:
+  void SetUp() override {
+    ServiceConfig c;
+    c.reply_timeout_ms = 100;
+    c.eject_after_timeouts = 3;
+    c.eject_ms = 60000;
+    c.eject_max_ms = 60000;
+    ASSERT_NO_FATAL_FAILURE(make_service_with(c));
+  }
+  // The value of a series in /metrics (-1 when it is not there).
+  double metric(const std::string& series) const {
+    const std::string text = metrics_.render();
+    const size_t at = text.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(text.substr(at + series.size() + 2));
+  }
+};
+
+TEST_F(EjectionTest, TimeoutsInARowEjectAnAgentAndItsQueuesGetNoRequests) {
+  EXPECT_EQ(a_.region->reply_timeout(), std::chrono::milliseconds(100)) << "set by add()";
+  EXPECT_EQ(a_.region->timeout_reason(), "agent 'a' did not answer within 100 ms");
+  service_->on_reply_timeouts(*a_.region, 2, 2);
+  EXPECT_EQ(service_->queue_count(), 4u) << "two in a row are not enough";
+  EXPECT_FALSE(a_.region->ejected_until());
+  service_->on_reply_timeouts(*a_.region, 1, 3);
+  EXPECT_EQ(service_->queue_count(), 2u);
+  EXPECT_EQ(service_->ejected_count(), 1u);
+  ASSERT_TRUE(a_.region->ejected_until());
+  EXPECT_GT(*a_.region->ejected_until(),
+            std::chrono::steady_clock::now() + std::chrono::seconds(50));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(service_->dispatch(i, "x", 0, false), DispatchStatus::kQueued);
+  }
+  EXPECT_EQ(waiting(), (std::vector<uint32_t>{0, 0, 2, 2}));
+  EXPECT_EQ(metric(R"(caracal_agent_reply_timeouts_total{service="svc",agent="a"})"), 3);
+  EXPECT_EQ(metric(R"(caracal_agent_ejections_total{service="svc",agent="a"})"), 1);
+  EXPECT_EQ(metric(R"(caracal_agent_ejections_total{service="svc",agent="b"})"), 0);
+  EXPECT_EQ(metric(R"(caracal_service_agents_ejected{service="svc"})"), 1);
+  // More timeouts of an ejected agent (its rings still held requests) count, and eject nothing.
+  service_->on_reply_timeouts(*a_.region, 5, 8);
+  EXPECT_EQ(metric(R"(caracal_agent_reply_timeouts_total{service="svc",agent="a"})"), 8);
+  EXPECT_EQ(metric(R"(caracal_agent_ejections_total{service="svc",agent="a"})"), 1);
+}
+
+TEST_F(EjectionTest, TheLastAgentInDispatchIsNeverEjected) {
+  service_->on_reply_timeouts(*a_.region, 3, 3);
+  ASSERT_EQ(service_->ejected_count(), 1u);
+  // b times out too: a slow service stays one, it does not become one with no agent.
+  service_->on_reply_timeouts(*b_.region, 10, 10);
+  EXPECT_EQ(service_->ejected_count(), 1u);
+  EXPECT_FALSE(b_.region->ejected_until());
+  EXPECT_EQ(service_->dispatch(1, "x", 0, false), DispatchStatus::kQueued);
+  EXPECT_EQ(metric(R"(caracal_agent_reply_timeouts_total{service="svc",agent="b"})"), 10);
+  EXPECT_EQ(metric(R"(caracal_agent_ejections_total{service="svc",agent="b"})"), 0);
+}
+
+TEST_F(EjectionTest, AnAnswerInTimeBringsItBackAndALookBeforeTheEndDoesNot) {
+  service_->on_reply_timeouts(*a_.region, 3, 3);
+  ASSERT_EQ(service_->ejected_count(), 1u);
+  service_->on_ejection_over(*a_.region, /*answered=*/false);  // an engine thread, too early
+  EXPECT_EQ(service_->ejected_count(), 1u);
+  service_->on_ejection_over(*a_.region, /*answered=*/true);
+  EXPECT_EQ(service_->ejected_count(), 0u);
+  EXPECT_FALSE(a_.region->ejected_until());
+  EXPECT_EQ(service_->queue_count(), 4u);
+  EXPECT_EQ(metric(R"(caracal_service_agents_ejected{service="svc"})"), 0);
+  // Another thread's word that comes after it is back changes nothing.
+  service_->on_ejection_over(*a_.region, /*answered=*/true);
+  EXPECT_EQ(service_->queue_count(), 4u);
+}
+
+TEST_F(EjectionTest, ItReturnsWhenItsPeriodIsOver) {
+  ServiceConfig c;
+  c.reply_timeout_ms = 100;
+  c.eject_after_timeouts = 3;
+  c.eject_ms = 1;
+  ASSERT_NO_FATAL_FAILURE(make_service_with(c));
+  service_->on_reply_timeouts(*a_.region, 3, 3);
+  ASSERT_EQ(service_->ejected_count(), 1u);
+  const auto until = a_.region->ejected_until();
+  ASSERT_TRUE(until);
+  std::this_thread::sleep_until(*until + std::chrono::milliseconds(1));
+  service_->on_ejection_over(*a_.region, /*answered=*/false);
+  EXPECT_EQ(service_->ejected_count(), 0u);
+  EXPECT_EQ(service_->queue_count(), 4u);
+}
+
+TEST_F(EjectionTest, WhenTheLastAgentInDispatchLeavesTheEjectedOnesReturn) {
+  service_->on_reply_timeouts(*a_.region, 3, 3);
+  ASSERT_EQ(service_->ejected_count(), 1u);
+  service_->remove(b_.region.get());  // b is lost
+  EXPECT_EQ(service_->ejected_count(), 0u);
+  EXPECT_FALSE(a_.region->ejected_until());
+  EXPECT_EQ(service_->queue_count(), 2u);
+  EXPECT_EQ(service_->dispatch(1, "x", 0, false), DispatchStatus::kQueued);
+  // An ejected agent that leaves is no longer counted as ejected.
+  ASSERT_TRUE(service_->add(b_.region).ok());
+  service_->on_reply_timeouts(*a_.region, 3, 3);
+  ASSERT_EQ(service_->ejected_count(), 1u);
+  service_->remove(a_.region.get());
+  EXPECT_EQ(service_->ejected_count(), 0u);
+  EXPECT_EQ(metric(R"(caracal_service_agents_ejected{service="svc"})"), 0);
+}
+
+TEST_F(EjectionTest, NoEjectionWhenItIsOff) {
+  ServiceConfig c;
+  c.eject_after_timeouts = 0;
+  ASSERT_NO_FATAL_FAILURE(make_service_with(c));
+  service_->on_reply_timeouts(*a_.region, 1000, 1000);
+  EXPECT_EQ(service_->ejected_count(), 0u);
+  EXPECT_EQ(service_->queue_count(), 4u);
 }
 
 TEST_F(DispatchTest, ARegionTooSmallForTheServiceIsRefused) {

@@ -58,13 +58,21 @@ class RecordingSink final : public ReplySink {
   struct Answer {
     uint32_t thread;
     Reply reply;
+    std::chrono::steady_clock::time_point at;  // when it was delivered
   };
 
   void deliver(uint32_t thread, uint64_t token, const boost::asio::ip::udp::endpoint&,
                Reply reply) override {
     std::lock_guard lock(m_);
-    answers_.emplace(token, Answer{thread, std::move(reply)});
+    answers_.emplace(token, Answer{thread, std::move(reply), std::chrono::steady_clock::now()});
+    ++deliveries_;
     cv_.notify_all();
+  }
+
+  // Answers delivered, a second one for a token included.
+  size_t deliveries() {
+    std::lock_guard lock(m_);
+    return deliveries_;
   }
 
   // Waits up to 10 s for `n` answers; returns what came.
@@ -78,7 +86,26 @@ class RecordingSink final : public ReplySink {
   std::mutex m_;
   std::condition_variable cv_;
   std::map<uint64_t, Answer> answers_;
+  size_t deliveries_ = 0;
 };
+
+// The value of a series in `metrics`' text (-1 when it is not there).
+double metric_value(const Registry& metrics, const std::string& series) {
+  const std::string text = metrics.render();
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+// Polls `done` every millisecond for up to 10 s; returns its last value.
+template <class F>
+bool eventually(F done) {
+  for (int i = 0; i < 10000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return done();
+}
 
 constexpr uint32_t kQueues = 4;
 
@@ -121,18 +148,19 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {
     }
   }
 
-  // A region of kQueues server queues, added to the service (not attached).
-  std::shared_ptr<AgentRegion> make_region(const std::string& name) {
+  // A region of kQueues server queues, added to `service` (by default the test's; not attached).
+  std::shared_ptr<AgentRegion> make_region(const std::string& name, Service* service = nullptr) {
+    if (service == nullptr) service = service_.get();
     mqueue::RegionGeometry g;
     g.server_queue_count = kQueues;
     g.slot_bytes = 64;
     g.ring_capacity = 64;
     g.max_message_bytes = 256;
     g.tx_lines = true;
-    test::TestRegion r = test::make_test_region(name, g, 7, service_.get());
+    test::TestRegion r = test::make_test_region(name, g, 7, service);
     if (!r.region) return nullptr;
     mappings_.push_back(std::move(r.mapping));
-    EXPECT_TRUE(service_->add(r.region).ok());
+    EXPECT_TRUE(service->add(r.region).ok());
     return r.region;
   }
 
@@ -298,6 +326,70 @@ TEST_P(EngineTest, CommandsAfterStopAreSettledAtOnce) {
   for (const auto& [token, a] : answers)
     EXPECT_EQ(a.reply.bytes, "server shutting down");
   EXPECT_EQ(engine_->in_flight(), 0);
+}
+
+// A region whose agent does not answer: every request, in its ring or waiting for room there,
+// is failed by the thread that serves its queue once the service's bound has passed, with an
+// error naming the agent and the bound, and only once: when the agent answers afterwards, each
+// answer is dropped as late.
+TEST_P(EngineTest, UnansweredRequestsTimeOutOnceAndLateAnswersAreDropped) {
+  ServiceConfig c;
+  c.name = "bounded";
+  c.max_message_bytes = 256;
+  c.dispatch = DispatchPolicy::kFlowAffinity;
+  c.reply_timeout_ms = 100;
+  Service bounded(c, *engine_, metrics_);
+  std::shared_ptr<AgentRegion> r;
+  ASSERT_NO_FATAL_FAILURE(r = make_region("silent", &bounded));
+  engine_->attach(r);
+  // 100 requests per queue: 64 fill its ring (one slot each), 36 wait for room.
+  constexpr int kRequests = 100 * static_cast<int>(kQueues);
+  std::vector<uint64_t> tokens;
+  std::vector<std::chrono::steady_clock::time_point> sent;
+  for (int i = 0; i < kRequests; ++i) {
+    const std::optional<uint64_t> t = replies_.acquire(sink_);
+    ASSERT_TRUE(t.has_value());
+    tokens.push_back(*t);
+    sent.push_back(std::chrono::steady_clock::now());
+    const DispatchStatus s =
+        bounded.dispatch(*t, "r" + std::to_string(i), static_cast<uint64_t>(i), true);
+    ASSERT_TRUE(s == DispatchStatus::kQueued || s == DispatchStatus::kCongested) << i;
+  }
+  const auto answers = sink_->wait_for(tokens.size());
+  ASSERT_EQ(answers.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const RecordingSink::Answer& a = answers.at(tokens[i]);
+    EXPECT_EQ(a.reply.kind, Reply::Kind::kError) << i;
+    EXPECT_EQ(a.reply.bytes, "agent 'silent' did not answer within 100 ms") << i;
+    EXPECT_GE(a.at - sent[i], 100ms) << "request " << i << " failed before its bound";
+    EXPECT_EQ(a.thread, (i % kQueues) % threads()) << "request " << i;
+  }
+  EXPECT_EQ(engine_->in_flight(), 0);
+  for (uint32_t q = 0; q < kQueues; ++q) {
+    EXPECT_EQ(r->inbox(q).outstanding.load(), 0) << q;
+    EXPECT_EQ(r->inbox(q).waiting.load(), 0u) << q;
+  }
+  // Counted once the thread has answered its last (the sink has them a moment before).
+  const std::string timeouts =
+      R"(caracal_agent_reply_timeouts_total{service="bounded",agent="silent"})";
+  EXPECT_TRUE(eventually([&] { return metric_value(metrics_, timeouts) == kRequests; }))
+      << metric_value(metrics_, timeouts);
+  // The agent wakes up and answers what its rings hold: 64 per queue, each too late.
+  accel::CpuOptions o;
+  o.workers = 2;
+  accel::CpuAccelerator<Prefix> late(mqueue::RegionView(mappings_.back().data()), Prefix{}, o);
+  ASSERT_TRUE(late.start().ok());
+  const std::string late_drops = R"(caracal_service_drops_total{service="bounded",reason="late"})";
+  EXPECT_TRUE(eventually([&] { return metric_value(metrics_, late_drops) == 64 * kQueues; }))
+      << metric_value(metrics_, late_drops);
+  late.stop();
+  EXPECT_EQ(sink_->deliveries(), tokens.size()) << "a request was answered twice";
+  EXPECT_EQ(
+      metric_value(metrics_,
+                   R"(caracal_service_drops_total{service="bounded",reason="unknown_token"})"),
+      -1);
+  EXPECT_EQ(engine_->in_flight(), 0);
+  bounded.remove(r.get());
 }
 
 // The hosted cases only.
@@ -542,6 +634,8 @@ class RecordingEvents final : public EngineEvents {
   void on_unrouted(DropReason reason) override {
     if (reason == DropReason::kConnectionClosed) connection_closed.fetch_add(1);
   }
+  void on_reply_timeouts(const AgentRegion&, uint32_t, uint32_t) override {}
+  void on_ejection_over(const AgentRegion&, bool) override {}
 
   std::atomic<int> rooms{0}, unusable{0}, data{0}, errors{0}, line_replies{0}, connection_closed{0};
 
@@ -594,6 +688,125 @@ TEST(EngineEvents, TheEngineReportsARegionsRequestsToItsEvents) {
   EXPECT_GT(events.rooms.load(), 0);
   EXPECT_EQ(events.unusable.load(), 0);
   EXPECT_EQ(events.line_replies.load(), 0) << "the region has no TX lines";
+}
+
+// Outlier ejection with a running engine: two regions of one service, one whose agent answers
+// nothing and one that answers everything.
+class EngineEjection : public ::testing::Test {
+ protected:
+  void start(uint32_t reply_timeout_ms, uint32_t eject_ms, DispatchPolicy policy) {
+    spdlog::set_level(spdlog::level::warn);
+    ServiceConfig c;
+    c.name = "svc";
+    c.max_message_bytes = 256;
+    c.dispatch = policy;
+    c.reply_timeout_ms = reply_timeout_ms;
+    c.eject_after_timeouts = 3;
+    c.eject_ms = eject_ms;
+    c.eject_max_ms = eject_ms;
+    service_ = std::make_unique<Service>(c, engine_, metrics_);
+    mqueue::RegionGeometry g;
+    g.server_queue_count = 2;
+    g.slot_bytes = 64;
+    g.ring_capacity = 64;
+    g.max_message_bytes = 256;
+    for (const char* name : {"stalled", "healthy"}) {
+      test::TestRegion r = test::make_test_region(name, g, 9, service_.get());
+      ASSERT_TRUE(r.region);
+      ASSERT_TRUE(service_->add(r.region).ok());
+      engine_.attach(r.region);
+      regions_.push_back(std::move(r));
+    }
+    engine_.start();
+    ASSERT_NO_FATAL_FAILURE(start_agent(1));
+  }
+  void start_agent(size_t region) {
+    accel::CpuOptions o;
+    o.workers = 1;
+    agents_.push_back(std::make_unique<accel::CpuAccelerator<Prefix>>(
+        mqueue::RegionView(regions_[region].mapping.data()), Prefix{}, o));
+    ASSERT_TRUE(agents_.back()->start().ok());
+  }
+  void TearDown() override {
+    for (auto& a : agents_)
+      a->stop();
+    engine_.stop();
+  }
+  uint64_t dispatch(uint64_t flow) {
+    const std::optional<uint64_t> t = replies_.acquire(sink_);
+    EXPECT_TRUE(t.has_value());
+    EXPECT_EQ(service_->dispatch(*t, "f" + std::to_string(flow), flow, false),
+              DispatchStatus::kQueued);
+    return *t;
+  }
+  AgentRegion& stalled() { return *regions_[0].region; }
+
+  ReplyTable replies_{4096};
+  Registry metrics_;
+  Engine engine_{replies_, EngineOptions{.threads = 2}};
+  std::unique_ptr<Service> service_;
+  std::vector<test::TestRegion> regions_;
+  std::vector<std::unique_ptr<accel::CpuAccelerator<Prefix>>> agents_;
+  std::shared_ptr<RecordingSink> sink_ = std::make_shared<RecordingSink>();
+};
+
+TEST_F(EngineEjection, AStalledAgentLeavesDispatchAndAnEngineThreadBringsItBack) {
+  ASSERT_NO_FATAL_FAILURE(start(100, 300, DispatchPolicy::kRoundRobin));
+  // Round robin over the four queues: half of the requests go to the stalled agent.
+  for (uint64_t i = 0; i < 40; ++i)
+    dispatch(i);
+  const auto answers = sink_->wait_for(40);
+  ASSERT_EQ(answers.size(), 40u);
+  int errors = 0;
+  for (const auto& [token, a] : answers)
+    errors += a.reply.kind == Reply::Kind::kError ? 1 : 0;
+  EXPECT_EQ(errors, 20);
+  ASSERT_TRUE(eventually([&] { return service_->ejected_count() == 1; }));
+  EXPECT_TRUE(stalled().ejected_until());
+  // While it is out, the healthy agent answers everything.
+  std::vector<uint64_t> tokens;
+  for (uint64_t i = 0; i < 40; ++i)
+    tokens.push_back(dispatch(i));
+  const auto more = sink_->wait_for(80);
+  for (const uint64_t t : tokens) {
+    ASSERT_TRUE(more.contains(t));
+    EXPECT_EQ(more.at(t).reply.kind, Reply::Kind::kData);
+  }
+  // Its 300 ms end, and the engine thread that serves its queues brings it back.
+  EXPECT_TRUE(eventually([&] { return service_->ejected_count() == 0; }));
+  EXPECT_FALSE(stalled().ejected_until());
+  EXPECT_EQ(service_->queue_count(), 4u);
+  EXPECT_EQ(
+      metric_value(metrics_, R"(caracal_agent_ejections_total{service="svc",agent="stalled"})"), 1);
+  EXPECT_EQ(metric_value(metrics_,
+                         R"(caracal_agent_reply_timeouts_total{service="svc",agent="stalled"})"),
+            20);
+}
+
+TEST_F(EngineEjection, AnEjectedAgentThatAnswersInTimeIsBackAtOnce) {
+  // An ejection of a minute: only an answer in time brings the agent back within the test.
+  ASSERT_NO_FATAL_FAILURE(start(1000, 60000, DispatchPolicy::kFlowAffinity));
+  // Flow affinity over stalled q0, q1, healthy q0, q1: three requests on the stalled agent's
+  // queue 0 now, one on its queue 1 half a bound later.
+  std::vector<uint64_t> early;
+  for (int i = 0; i < 3; ++i)
+    early.push_back(dispatch(0));
+  std::this_thread::sleep_for(500ms);
+  const uint64_t in_time = dispatch(1);
+  // The first three time out together: three in a row on queue 0, and the agent is out.
+  ASSERT_TRUE(eventually([&] { return service_->ejected_count() == 1; }));
+  // It wakes up with half a bound left for the fourth: its answer comes in time.
+  ASSERT_NO_FATAL_FAILURE(start_agent(0));
+  const auto answers = sink_->wait_for(4);
+  ASSERT_EQ(answers.size(), 4u);
+  for (const uint64_t t : early)
+    EXPECT_EQ(answers.at(t).reply.kind, Reply::Kind::kError);
+  EXPECT_EQ(answers.at(in_time).reply.bytes, "re:f1");
+  EXPECT_TRUE(eventually([&] { return service_->ejected_count() == 0; }));
+  EXPECT_TRUE(eventually([&] {
+    return metric_value(metrics_, R"(caracal_service_drops_total{service="svc",reason="late"})") ==
+           3;
+  }));
 }
 
 // A server that stops before its I/O threads reach their loops: the engine settles what it was

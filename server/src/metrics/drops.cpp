@@ -10,7 +10,7 @@ const char* drop_reason_name(DropReason reason) {
       "connection_closed", "malformed",       "no_agent",      "oversize",
       "partial_message",   "queue_full",      "reply_slots",   "reply_unframeable",
       "request_failed",    "stale_reply",     "unknown_token", "send_buffer_full",
-      "send_failed",       "reply_too_large", "no_mbufs"};
+      "send_failed",       "reply_too_large", "no_mbufs",      "late"};
   static_assert(std::size(kNames) == static_cast<size_t>(DropReason::kCount));
   return kNames[static_cast<size_t>(reason)];
 }

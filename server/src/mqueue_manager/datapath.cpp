@@ -6,11 +6,11 @@
 #include <deque>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "caracal/mqueue/shm.hpp"
+#include "caracal/server/mqueue_manager/flights.hpp"
 #include "caracal/server/tunables.hpp"
 #ifdef CARACAL_HAVE_RDMA
 #include "caracal/mqueue/rdma.hpp"
@@ -34,7 +34,7 @@ class TransportBinding final : public RegionBinding {
         transport_(std::move(transport)),
         region_(std::move(region)),
         backlog_(mqueue::queue_count(region_.header())),
-        in_flight_(mqueue::queue_count(region_.header())) {}
+        server_(region_.header().server_queue_count) {}
 
   const mqueue::RegionHeader& header() const override { return region_.header(); }
 
@@ -59,6 +59,7 @@ class TransportBinding final : public RegionBinding {
       if (backlog.empty()) continue;
       auto& rx = region_.rx(q);
       const bool server_queue = q < h.server_queue_count;
+      const bool with_deadlines = r.reply_timeout().count() != 0;
       uint32_t written = 0;
       prof::Scope rx_write(prof::kRxWrite);
       while (!backlog.empty()) {
@@ -70,7 +71,7 @@ class TransportBinding final : public RegionBinding {
           std::memcpy(dst, m.bytes.data(), m.bytes.size());
         }
         rx.commit(static_cast<uint32_t>(m.bytes.size()), m.token, m.flags);
-        if (server_queue) in_flight_[q].emplace(m.token, m.submitted);
+        if (server_queue) server_[q].flights.add(m.token, m.submitted, with_deadlines);
         {
           prof::Scope t(prof::kRequestFree);
           backlog.pop_front();
@@ -97,6 +98,7 @@ class TransportBinding final : public RegionBinding {
       if (!region_.deliver_tx_tails()) return busy;
     }
     bool delivered_any = false;
+    bool answered_in_time = false;
     for (const uint32_t q : queues) {
       auto& tx = region_.tx(q);
       const bool server_queue = q < h.server_queue_count;
@@ -125,7 +127,7 @@ class TransportBinding final : public RegionBinding {
         any = true;
         if (server_queue) {
           if (by_line && r.events() != nullptr) r.events()->on_line_reply();
-          reply(engine, r, q, e);
+          answered_in_time |= reply(engine, r, q, e);
         } else {
           call_out(r, q - h.server_queue_count, e);
         }
@@ -144,16 +146,54 @@ class TransportBinding final : public RegionBinding {
       }
     }
     note_tx_fetch(delivered_any);
+    // An ejected region that answers in time may go back into dispatch (one relaxed load per
+    // round that had answers).
+    if (answered_in_time && r.events() != nullptr && r.ejected_until()) {
+      r.events()->on_ejection_over(r, /*answered=*/true);
+    }
     return busy;
+  }
+
+  void expire(EngineThread& engine, AgentRegion& r, std::span<const uint32_t> queues,
+              Clock::time_point now) override {
+    const Clock::duration bound = r.reply_timeout();
+    const uint32_t server_queues = region_.header().server_queue_count;
+    for (const uint32_t q : queues) {
+      if (q >= server_queues) continue;
+      QueueInbox& inbox = r.inbox(q);
+      const auto time_out = [&](uint64_t token, Clock::time_point submitted) {
+        inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
+        engine.answer(r.events(), token, Reply{Reply::Kind::kError, r.timeout_reason()}, submitted);
+      };
+      // In the ring (the oldest), then waiting for room in it.
+      ServerQueue& sq = server_[q];
+      uint32_t expired = sq.flights.expire(now, bound, time_out);
+      uint32_t waited = 0;
+      std::deque<Message>& backlog = backlog_[q];
+      while (!backlog.empty() && now - backlog.front().submitted >= bound) {
+        const Message m = std::move(backlog.front());
+        backlog.pop_front();
+        inbox.waiting.fetch_sub(1, std::memory_order_relaxed);
+        time_out(m.token, m.submitted);
+        ++waited;
+      }
+      if (expired + waited == 0) continue;
+      expired += waited;
+      uint32_t& in_a_row = sq.timeouts_in_a_row;
+      in_a_row = expired > UINT32_MAX - in_a_row ? UINT32_MAX : in_a_row + expired;
+      if (r.events() != nullptr) {
+        r.events()->on_reply_timeouts(r, expired, in_a_row);
+        // The backlog shrank: a queue that was congested may be no longer.
+        if (waited != 0) r.events()->on_room();
+      }
+    }
   }
 
   void take_in_flight(std::span<const uint32_t> queues,
                       std::vector<std::pair<uint64_t, Clock::time_point>>& out) override {
     for (const uint32_t q : queues) {
       if (q >= region_.header().server_queue_count) continue;
-      for (auto& [token, t] : in_flight_[q])
-        out.emplace_back(token, t);
-      in_flight_[q].clear();
+      server_[q].flights.take_all(out);
       for (Message& m : backlog_[q])
         out.emplace_back(m.token, m.submitted);
       backlog_[q].clear();
@@ -163,7 +203,8 @@ class TransportBinding final : public RegionBinding {
   size_t in_flight(std::span<const uint32_t> queues) const override {
     size_t n = 0;
     for (const uint32_t q : queues) {
-      if (q < region_.header().server_queue_count) n += in_flight_[q].size() + backlog_[q].size();
+      if (q >= region_.header().server_queue_count) continue;
+      n += backlog_[q].size() + server_[q].flights.live();
     }
     return n;
   }
@@ -177,10 +218,11 @@ class TransportBinding final : public RegionBinding {
   // outstanding, back off while none are (see bind_rdma_region).
   static constexpr bool kLocal = std::is_same_v<T, mqueue::ShmTransport>;
 
-  // Remote only (the region is served by one thread).
+  // Remote only (the region is served by one thread). Late answers, which may still come for
+  // requests that timed out, are found by the idle fetches.
   bool any_in_flight() const {
-    return std::any_of(in_flight_.begin(), in_flight_.end(),
-                       [](const auto& m) { return !m.empty(); });
+    return std::any_of(server_.begin(), server_.end(),
+                       [](const ServerQueue& sq) { return sq.flights.live() != 0; });
   }
 
   bool should_fetch_tx_tails() {
@@ -207,17 +249,24 @@ class TransportBinding final : public RegionBinding {
     }
   }
 
-  void reply(EngineThread& engine, AgentRegion& r, uint32_t q, const mqueue::Entry& e) {
-    auto& flights = in_flight_[q];
-    const auto it = flights.find(e.token);
-    if (it == flights.end()) {
-      // Not a token this queue was given (or one already answered): a handler bug, such as an
-      // answer on another queue's TX ring. It cannot be routed safely, so it is dropped.
-      if (r.events() != nullptr) r.events()->on_unrouted(DropReason::kUnknownToken);
-      return;
+  // Routes one answer of server queue q; returns whether it was in time (its request live).
+  bool reply(EngineThread& engine, AgentRegion& r, uint32_t q, const mqueue::Entry& e) {
+    Clock::time_point submitted;
+    ServerQueue& sq = server_[q];
+    switch (sq.flights.take(e.token, submitted)) {
+      case QueueFlights::Answer::kLive:
+        break;
+      case QueueFlights::Answer::kLate:
+        // Its request timed out and its client has had the error: never a second answer.
+        if (r.events() != nullptr) r.events()->on_unrouted(DropReason::kLate);
+        return false;
+      case QueueFlights::Answer::kUnknown:
+        // Not a token this queue was given (or one already answered): a handler bug, such as an
+        // answer on another queue's TX ring. It cannot be routed safely, so it is dropped.
+        if (r.events() != nullptr) r.events()->on_unrouted(DropReason::kUnknownToken);
+        return false;
     }
-    const Clock::time_point submitted = it->second;
-    flights.erase(it);
+    sq.timeouts_in_a_row = 0;
     QueueInbox& inbox = r.inbox(q);
     inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
     inbox.answered.store(inbox.answered.load(std::memory_order_relaxed) + 1,
@@ -235,6 +284,7 @@ class TransportBinding final : public RegionBinding {
       rep.bytes.assign(reinterpret_cast<const char*>(e.payload), e.length);
     }
     engine.answer(r.events(), e.token, std::move(rep), submitted);
+    return true;
   }
 
   void call_out(AgentRegion& r, uint32_t client, const mqueue::Entry& e) {
@@ -252,9 +302,16 @@ class TransportBinding final : public RegionBinding {
   std::shared_ptr<void> memory_;  // declared first: destroyed after the transport using it
   std::unique_ptr<T> transport_;
   mqueue::RemoteRegion<T> region_;
-  // Per queue, each used by the thread that serves the queue only.
+  // Per queue, each element used by the thread that serves the queue only.
   std::vector<std::deque<Message>> backlog_;
-  std::vector<std::unordered_map<uint64_t, Clock::time_point>> in_flight_;  // server queues
+  // A server queue's requests in its ring, and how many timed out since its last answer in
+  // time. A cache line (or more) each: the queues of one region are served by several threads,
+  // and each writes its queues' state with every request and answer.
+  struct alignas(64) ServerQueue {
+    QueueFlights flights;
+    uint32_t timeouts_in_a_row = 0;
+  };
+  std::vector<ServerQueue> server_;
   std::chrono::microseconds idle_fetch_gap_{0};  // remote TX polling only
   Clock::time_point next_idle_fetch_{};
 };

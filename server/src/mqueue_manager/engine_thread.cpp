@@ -259,7 +259,27 @@ EngineThread::RoundOutcome EngineThread::round() {
     }
     ++i;
   }
+  check_deadlines();
   return busy ? RoundOutcome::kBusy : RoundOutcome::kIdle;
+}
+
+void EngineThread::check_deadlines() {
+  CARACAL_ASSERT_OWNER_THREAD(owner_);
+  if (++rounds_since_clock_ < tunables::kDeadlineClockRounds) return;
+  rounds_since_clock_ = 0;
+  const Clock::time_point now = Clock::now();
+  if (now < next_deadline_check_) return;
+  next_deadline_check_ = now + tunables::kReplyCheckPeriod;
+  for (Attached& a : regions_) {
+    AgentRegion& r = *a.region;
+    if (r.reply_timeout().count() != 0) r.binding().expire(*this, r, a.queues, now);
+    flush_replies();  // this region's failures go out before the next region's
+    if (r.events() != nullptr) {
+      if (const auto until = r.ejected_until(); until && now >= *until) {
+        r.events()->on_ejection_over(r, /*answered=*/false);
+      }
+    }
+  }
 }
 
 void EngineThread::finish() {
@@ -367,6 +387,7 @@ bool EngineThread::sleep_until_woken() {
       ran = host_->run_one_for(tunables::kIdleSleep);
     }
     sleeping_.store(false, std::memory_order_seq_cst);
+    rounds_since_clock_ = tunables::kDeadlineClockRounds;  // the next round reads the clock
     return ran > 0;
   }
   // Nothing in flight: sleep until a submission or a command, with a timeout for heartbeats of
@@ -382,6 +403,7 @@ bool EngineThread::sleep_until_woken() {
     sleep_cv_.wait_for(lock, tunables::kIdleSleep);
   }
   sleeping_.store(false, std::memory_order_seq_cst);
+  rounds_since_clock_ = tunables::kDeadlineClockRounds;  // the next round reads the clock
   return false;
 }
 

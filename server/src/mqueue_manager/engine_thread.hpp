@@ -3,8 +3,10 @@
 //
 // A round applies the posted commands (attach, detach, fail), then lets each region's binding
 // serve this thread's queues (datapath.cpp), and hands the replies it routed to their sinks in
-// one burst per region. A round without work asks the idle policy (idle_policy.hpp) whether to
-// spin, yield or sleep.
+// one burst per region. At most once per tunables::kReplyCheckPeriod a round also fails the
+// requests on this thread's queues that their region's reply bound has run out for, and tells
+// the services of regions whose ejection is over (check_deadlines()). A round without work asks
+// the idle policy (idle_policy.hpp) whether to spin, yield or sleep.
 //
 // Threads: post(), notify(), note_dispatched() and in_flight() are for any thread; start(),
 // request_stop() and join() for the one that starts and stops the engine. Everything else runs
@@ -119,6 +121,9 @@ class EngineThread {
   // outlive the server's I/O context.
   void apply_without_thread(Command& c);
   void fail_region(Attached& a, const std::string& reason);
+  // Reply deadlines and ejections (see the top of this file): reads the clock every
+  // tunables::kDeadlineClockRounds calls, looks once the period has passed.
+  void check_deadlines();
   void flush_replies();
   // A round without work: the idle policy's step, carried out. True if the host ran one of its
   // handlers while this thread waited in it (hosted mode): that was work, and the caller starts
@@ -147,6 +152,10 @@ class EngineThread {
   bool exited_ = false;                               // under commands_m_: see join()
   std::vector<Attached> regions_;                     // owner thread only
   std::vector<std::shared_ptr<ReplySink>> to_flush_;  // owner thread only
+  // check_deadlines(), owner thread only: rounds since the clock was read (set to the limit
+  // after a sleep, so that the first round after one reads it), and when to look next.
+  uint32_t rounds_since_clock_ = 0;
+  Clock::time_point next_deadline_check_{};
   // Dekker-style handshake between notify() and the sleeping thread: the notifier bumps
   // `submitted_` after queuing (a command, a client queue's reply) and then reads `sleeping_`;
   // the thread sets `sleeping_` and then reads `submitted_`. Both sides use seq_cst so at least

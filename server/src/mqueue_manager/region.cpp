@@ -1,5 +1,6 @@
 #include "caracal/server/mqueue_manager/region.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -46,6 +47,22 @@ AgentRegion::~AgentRegion() {
   for (auto& l : links_) {
     if (l) l->close();
   }
+}
+
+void AgentRegion::set_reply_timeout(std::chrono::milliseconds bound) {
+  reply_timeout_ = bound;
+  timeout_reason_ =
+      "agent '" + agent_ + "' did not answer within " + std::to_string(bound.count()) + " ms";
+}
+
+void AgentRegion::set_ejected_until(std::optional<std::chrono::steady_clock::time_point> until) {
+  int64_t ns = 0;
+  if (until) {
+    // Never 0 (which means "in dispatch"), whatever the clock's epoch.
+    ns = std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::nanoseconds>(until->time_since_epoch()).count());
+  }
+  ejected_until_ns_.store(ns, std::memory_order_relaxed);  // a hint: see ejected_until()
 }
 
 std::string AgentRegion::label() const {

@@ -7,6 +7,10 @@
 // When a reply ring is full it stops taking requests from that queue (backpressure reaches the
 // SmartNIC as RX credits it does not get back) until the SmartNIC drains it.
 //
+// A handler that calls fault() (handler.hpp) stops its worker: the worker returns, its request
+// unanswered, and health() reports the fault from then on; the other workers go on until the
+// accelerator is stopped (the agent stops it once it sees the fault).
+//
 // An idle worker backs off the way the server's engine does: it keeps polling at full speed for
 // a while after its last request, then sleeps between polls, longer each time up to a bound
 // (IdleBackoff), so an idle agent does not hold a core and a request that comes while it sleeps
@@ -22,6 +26,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,6 +204,15 @@ class CpuAccelerator {
     threads_.clear();
   }
 
+  // OK while every worker serves; otherwise the first handler fault (fault() in handler.hpp),
+  // naming its worker. Any thread.
+  Status health() const {
+    // Pairs with the release store in run_worker(): a fault seen here has its text written.
+    if (!faulted_.load(std::memory_order_acquire)) return Status::ok_status();
+    std::lock_guard lock(fault_m_);
+    return fault_;
+  }
+
   const WorkerStats& stats(uint32_t worker) const { return stats_[worker]; }
   uint32_t workers() const { return options_.workers; }
   uint64_t total_requests() const {
@@ -236,6 +250,23 @@ class CpuAccelerator {
     if constexpr (batch_of<H>() > 1) staging.resize(size_t{batch_of<H>()} * max_response);
     WorkerStats& stats = stats_[w];
 
+    try {
+      serve_until_stopped(queues, handler, ctx, max_response, staging, stats);
+    } catch (const HandlerFault& f) {
+      // The request that faulted stays in its ring, unanswered: the worker is done.
+      std::lock_guard lock(fault_m_);
+      if (fault_.ok()) {
+        fault_ = Status(StatusCode::kAborted,
+                        "CPU worker " + std::to_string(w) + ": handler fault: " + f.what());
+      }
+      faulted_.store(true, std::memory_order_release);  // pairs with the acquire in health()
+    }
+  }
+
+  // The worker's loop, until the stop word is raised (or a handler faults: HandlerFault).
+  void serve_until_stopped(std::vector<ServerQueue>& queues, H& handler, Context& ctx,
+                           uint32_t max_response, std::vector<std::byte>& staging,
+                           WorkerStats& stats) {
     IdleBackoff backoff(options_);
     uint32_t rounds = 0;
     for (;;) {
@@ -282,18 +313,27 @@ class CpuAccelerator {
       }
       Request req{e.payload, e.length, sq.index, e.token};
       Response resp{out, max_response, 0, 0};
-      invoke(handler, req, resp, ctx, stats);
+      try {
+        invoke(handler, req, resp, ctx, stats);
+      } catch (const HandlerFault&) {
+        end_burst(sq, n, stats);  // the replies before the fault still go out
+        throw;
+      }
       sq.tx.commit(resp.size, e.token, resp.flags);
       sq.tx.write_line();  // with TX lines, a short reply is announced before the publish
       sq.rx.release();
       ++n;
     }
-    if (n != 0) {
-      sq.tx.publish();  // replies first, then the RX credits they free
-      sq.rx.publish();
-      stats.requests.fetch_add(n, std::memory_order_relaxed);
-    }
+    end_burst(sq, n, stats);
     return n;
+  }
+
+  // Publishes the `n` replies of a burst and the RX credits they free.
+  static void end_burst(ServerQueue& sq, uint32_t n, WorkerStats& stats) {
+    if (n == 0) return;
+    sq.tx.publish();  // replies first, then the RX credits they free
+    sq.rx.publish();
+    stats.requests.fetch_add(n, std::memory_order_relaxed);
   }
 
   // Serves one queue with a batched handler: up to kBatch requests per call, as many as the TX
@@ -334,7 +374,12 @@ class CpuAccelerator {
         }
         break;
       }
-      invoke_batch(handler, reqs, resps, k, ctx, stats);
+      try {
+        invoke_batch(handler, reqs, resps, k, ctx, stats);
+      } catch (const HandlerFault&) {
+        end_burst(sq, total, stats);  // the batches before the fault still go out
+        throw;
+      }
       for (uint32_t i = 0; i < k; ++i) {
         std::byte* out = sq.tx.reserve(resps[i].size);  // credits were checked above
         std::memcpy(out, resps[i].data, resps[i].size);
@@ -345,11 +390,7 @@ class CpuAccelerator {
       total += k;
       if (sq.stopped) break;
     }
-    if (total != 0) {
-      sq.tx.publish();
-      sq.rx.publish();
-      stats.requests.fetch_add(total, std::memory_order_relaxed);
-    }
+    end_burst(sq, total, stats);
     return total;
   }
 
@@ -362,6 +403,8 @@ class CpuAccelerator {
         detail::write_error(resp, "handler wrote " + std::to_string(resp.size) + " bytes into a " +
                                       std::to_string(resp.capacity) + "-byte response");
       }
+    } catch (const HandlerFault&) {
+      throw;  // not an error reply: the worker stops (run_worker)
     } catch (const std::exception& ex) {
       stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
       detail::write_error(resp, std::string("handler failed: ") + ex.what());
@@ -383,6 +426,8 @@ class CpuAccelerator {
                                             "-byte response");
         }
       }
+    } catch (const HandlerFault&) {
+      throw;  // not an error reply: the worker stops (run_worker)
     } catch (const std::exception& ex) {
       stats.handler_errors.fetch_add(n, std::memory_order_relaxed);
       for (uint32_t i = 0; i < n; ++i) {
@@ -405,6 +450,11 @@ class CpuAccelerator {
   // A member, not a local of start(): a worker may still be reading it after start() returns.
   std::atomic<bool> go_{false};
   bool raised_stop_ = false;  // the stop word is up because stop() raised it
+  // The first handler fault, written by the worker that caught it under fault_m_, then
+  // faulted_ raised (release); health() reads faulted_ (acquire) before it takes the lock.
+  mutable std::mutex fault_m_;
+  Status fault_;
+  std::atomic<bool> faulted_{false};
 };
 
 }  // namespace caracal::accel

@@ -22,9 +22,13 @@
 //
 // Each worker (CPU thread, or GPU group) holds its own copy of the handler, so a handler may
 // keep per-worker state in members.
+//
+// A handler that cannot go on calls fault(): see there.
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "caracal/accel/client.hpp"
 #include "caracal/mqueue/layout.hpp"
@@ -109,6 +113,28 @@ class Context {
   uint32_t client_count_ = 0;
   uint32_t worker_ = 0;
 };
+
+// What fault() throws on the CPU (host code only; nvcc's device pass sees the declaration). The
+// CPU accelerator does not turn it into an error reply, as it does other exceptions: the worker
+// stops serving and the accelerator reports the fault.
+class HandlerFault : public std::runtime_error {
+ public:
+  explicit HandlerFault(const std::string& what) : std::runtime_error(what) {}
+};
+
+// The handler cannot go on (its state is broken): the accelerator stops serving, as a kernel
+// that faults does. On a GPU this is __trap(): the kernel fails and the CUDA context is
+// poisoned; on the CPU the worker that calls it returns, its request unanswered. Either way the
+// accelerator reports the failure (ServingAccelerator::health) and the agent leaves the server
+// without bye, so that the server fails the requests in flight to it at once, and exits 1 with
+// the error.
+CARACAL_INLINE void fault([[maybe_unused]] const char* what) {
+#if defined(__CUDA_ARCH__)
+  __trap();
+#else
+  throw HandlerFault(what);
+#endif
+}
 
 template <class H>
 concept MessageHandler = requires(H& h, const Request& rq, Response& rs, Context& c) {

@@ -116,6 +116,8 @@ class CpuServing final : public ServingAccelerator {
     accelerator_.stop();
     return Status::ok_status();
   }
+  // A worker whose handler called accel::fault() has stopped serving.
+  Status health() override { return accelerator_.health(); }
   std::string describe() const override {
     return std::to_string(accelerator_.workers()) + " CPU worker(s)";
   }

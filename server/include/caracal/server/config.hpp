@@ -32,6 +32,10 @@
 //     - name: echo
 //       max_message_bytes: 1024
 //       dispatch: round_robin      # round_robin, least_loaded, flow_affinity
+//       reply_timeout_ms: 10000    # a request unanswered this long gets an error reply; 0: none
+//       eject_after_timeouts: 3    # timeouts in a row on one queue that eject its agent; 0: never
+//       eject_ms: 5000             # an ejection's length, doubled when repeated,
+//       eject_max_ms: 60000        # up to this
 //       listeners:
 //         - { protocol: udp, listen: 0.0.0.0:7000 }
 //         - { protocol: udp, kind: dpdk, listen: 192.0.2.2:7000 }
@@ -117,6 +121,18 @@ struct ServiceConfig {
   uint32_t max_message_bytes = 0;
   DispatchPolicy dispatch = DispatchPolicy::kRoundRobin;
   std::vector<ListenerConfig> listeners;
+  // A request handed to an agent (waiting for its RX ring or in it) and not answered within
+  // this long gets an error reply naming the agent and the bound; a reply that comes later is
+  // dropped, counted as `late`. 0: no bound (a request waits as long as its agent is
+  // registered: for handlers that may legitimately take longer than any bound one would set).
+  uint32_t reply_timeout_ms = 10'000;
+  // Outlier ejection (dispatch.hpp): after this many requests in a row on one of an agent's
+  // queues timed out, the agent leaves the service's dispatch for `eject_ms`, doubled for each
+  // ejection that follows within one period of the agent's return, up to `eject_max_ms`. It
+  // returns early when it answers a request in time. 0: never eject.
+  uint32_t eject_after_timeouts = 3;
+  uint32_t eject_ms = 5'000;
+  uint32_t eject_max_ms = 60'000;
 };
 
 struct DestinationConfig {

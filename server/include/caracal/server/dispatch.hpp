@@ -12,6 +12,14 @@
 // Replies on one TCP connection leave in request order under every policy (the connection
 // reorders them by sequence); flow_affinity only saves the reordering.
 //
+// Outlier ejection (ejection.hpp): an agent whose requests time out several times in a row on
+// one of its queues (EngineEvents::on_reply_timeouts) leaves dispatch for a while, its regions
+// staying attached (late answers are still read and dropped, answers in time bring it back). The
+// last agent in dispatch is never ejected: a service whose every agent is slow stays a slow
+// service, answering each request or failing it at its bound, rather than becoming one that
+// answers `no agent` to all. For the same reason, when the last agent in dispatch leaves (lost,
+// detached) while others are ejected, those return at once.
+//
 // With the engine in the I/O threads (engine_threads: 0), an I/O thread applies the policy to
 // the queues of one engine thread only: the next thread's while neither is loaded, its own once
 // either is (see Targets::by_thread); a thread that serves no queue uses those of the thread
@@ -26,10 +34,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "caracal/server/config.hpp"
+#include "caracal/server/ejection.hpp"
 #include "caracal/server/metrics/drops.hpp"
 #include "caracal/server/metrics/metrics.hpp"
 #include "caracal/server/mqueue_manager/engine.hpp"
@@ -63,11 +73,15 @@ class Service final : public EngineEvents {
   DispatchStatus dispatch(uint64_t token, std::string bytes, uint64_t flow, bool may_exceed);
 
   // Membership, from the control endpoint. add() fails if the region cannot carry the
-  // service's largest message (the reason is returned).
+  // service's largest message (the reason is returned); it gives the region the service's reply
+  // bound (AgentRegion::set_reply_timeout), so call it before the region is attached.
   Status add(std::shared_ptr<AgentRegion> region);
   void remove(const AgentRegion* region);
   void remove_all();
+  // Queues in dispatch (those of ejected regions left out).
   size_t queue_count() const;
+  // Regions of the service ejected now.
+  size_t ejected_count() const;
 
   // Backpressure: a TCP connection that stopped reading registers how to resume it; it is
   // resumed at once if no queue is congested any more, else when the engine next makes room.
@@ -79,6 +93,8 @@ class Service final : public EngineEvents {
   void on_answer(Reply::Kind kind, std::chrono::steady_clock::duration latency) override;
   void on_line_reply() override { line_replies_.inc(); }
   void on_unrouted(DropReason reason) override { drops_.inc(reason); }
+  void on_reply_timeouts(const AgentRegion& region, uint32_t expired, uint32_t in_a_row) override;
+  void on_ejection_over(const AgentRegion& region, bool answered) override;
 
  private:
   struct Target {
@@ -133,12 +149,31 @@ class Service final : public EngineEvents {
   template <typename Load>
   size_t pick(size_t n, uint64_t& next, uint64_t flow, Load load) const;
 
+  // A region of the service, in dispatch or ejected.
+  struct Member {
+    std::shared_ptr<AgentRegion> region;
+    Ejection ejection;
+    Counter* timeouts = nullptr;   // caracal_agent_reply_timeouts_total of its agent
+    Counter* ejections = nullptr;  // caracal_agent_ejections_total of its agent
+    // The last time it was kept in dispatch although due for ejection (the last one there):
+    // logged once per eject_ms.
+    std::optional<std::chrono::steady_clock::time_point> spared_logged;
+  };
+  Member* member_locked(const AgentRegion& region);  // caller holds membership_m_; may be null
+  size_t in_dispatch_locked() const;                 // caller holds membership_m_
+  // Builds the targets from the members in dispatch and publishes them; caller holds
+  // membership_m_.
+  void rebuild_locked();
+  void readmit_locked(Member& m, std::chrono::steady_clock::time_point now, const char* why);
+
   ServiceConfig config_;
+  EjectionPolicy ejection_policy_;
   Engine& engine_;
   Registry& metrics_;
 
   std::unique_ptr<Shard[]> shards_;
-  std::mutex membership_m_;
+  mutable std::mutex membership_m_;
+  std::vector<Member> members_;             // under membership_m_
   std::shared_ptr<const Targets> targets_;  // the current membership; under membership_m_
   std::vector<uint64_t> queue_metric_ids_;
   std::vector<std::pair<const AgentRegion*, uint64_t>> metric_callbacks_;
@@ -153,6 +188,7 @@ class Service final : public EngineEvents {
   Counter& errors_;
   Counter& pauses_;
   Counter& line_replies_;
+  Gauge& ejected_;  // members ejected now (under membership_m_)
   DropCounters drops_;
   Histogram& latency_;
 };

@@ -71,6 +71,22 @@ inline constexpr std::chrono::milliseconds kIdleSleep = 5ms;
 inline constexpr std::chrono::microseconds kRdmaIdleFetchMin = 20us;
 inline constexpr std::chrono::microseconds kRdmaIdleFetchMax = 1000us;
 
+// Reply deadlines (ServiceConfig::reply_timeout_ms, mqueue_manager/flights.hpp). An engine thread
+// reads the clock every kDeadlineClockRounds rounds (and after every sleep), and looks for
+// expired requests and ejections that are over at most once per kReplyCheckPeriod: a timeout
+// then comes at most about that late, and the look, a few loads per queue when nothing expired,
+// stays off the path of every request. Reading the clock every round would add a vDSO call to
+// rounds of tens of nanoseconds; a busy round serves a burst, so 16 of them are well under the
+// period.
+inline constexpr std::chrono::milliseconds kReplyCheckPeriod = 1ms;
+inline constexpr uint32_t kDeadlineClockRounds = 16;
+// Expired requests a queue remembers, so that an answer that comes for one afterwards is counted
+// as `late` rather than as an unknown token (either way it is dropped); past this the oldest are
+// forgotten. A stalled agent holds at most a ring's worth of written requests, so this covers
+// rings of up to 4096 slots whole, and bounds what an agent that never answers costs the server
+// (a few hundred KiB per queue).
+inline constexpr size_t kLateRepliesRemembered = 4096;
+
 static_assert(kContendedSpinRounds < kSpinRounds, "the short spin must be shorter");
 static_assert(kContendedLookRounds <= kSpinRounds, "a thread must look during a long spin");
 static_assert(kContendedLostShare >= 2, "losing the core means losing a good part of the time");

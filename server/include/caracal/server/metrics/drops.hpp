@@ -29,6 +29,7 @@ enum class DropReason : uint8_t {
   kSendFailed,        // UDP send failed
   kReplyTooLarge,     // DPDK: a reply longer than one frame of the port's MTU carries
   kNoMbufs,           // DPDK: the mbuf pool was empty when a reply was to be sent
+  kLate,              // a reply to a request that had timed out (reply_timeout_ms)
   kCount,
 };
 const char* drop_reason_name(DropReason reason);

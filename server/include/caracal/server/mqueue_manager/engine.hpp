@@ -27,6 +27,13 @@
 //
 // Backpressure: a queue whose backlog holds a ring's worth of entries is congested; TCP
 // connections stop reading and park on their service until the engine has room again.
+//
+// Reply deadlines: the thread that serves a queue also fails each request on it that its
+// service's reply bound (AgentRegion::reply_timeout) has run out for, in the ring or waiting
+// for room, and drops the answer that may come for it later (flights.hpp); it reports the
+// timeouts to the service (EngineEvents::on_reply_timeouts), which may eject the agent from
+// dispatch, and tells the service when an ejected region answered in time or its period is
+// over (EngineEvents::on_ejection_over).
 #pragma once
 
 #include <atomic>

@@ -43,8 +43,22 @@ class EngineEvents {
   virtual void on_line_reply() = 0;
 
   // An answer that could not be routed: DropReason::kUnknownToken (a token the queue was not
-  // given, or one already answered) or kConnectionClosed (its client is gone).
+  // given, or one already answered), kLate (its request had timed out) or kConnectionClosed
+  // (its client is gone).
   virtual void on_unrouted(DropReason reason) = 0;
+
+  // Requests on one of `region`'s server queues went unanswered past the region's reply bound
+  // (AgentRegion::reply_timeout()): `expired` of them in this look, each already answered with
+  // an error through on_answer(). `in_a_row` is how many requests of that queue have now timed
+  // out with no answer in time between them (an answer in time starts it again from 0): what
+  // outlier ejection goes by. At most once per queue per tunables::kReplyCheckPeriod.
+  virtual void on_reply_timeouts(const AgentRegion& region, uint32_t expired,
+                                 uint32_t in_a_row) = 0;
+
+  // `region` is ejected (AgentRegion::ejected_until()) and may return to dispatch: it answered
+  // a request in time (`answered`), or an engine thread found its ejection period over. Either
+  // may come from several engine threads at once, and after the region has returned.
+  virtual void on_ejection_over(const AgentRegion& region, bool answered) = 0;
 
  protected:
   ~EngineEvents() = default;  // not owned through this interface

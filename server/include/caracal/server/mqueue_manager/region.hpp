@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -99,10 +100,18 @@ class RegionBinding {
   // unusable (a corrupt entry, a failed transport).
   virtual bool serve(EngineThread& engine, AgentRegion& region, std::span<const uint32_t> queues,
                      std::string& fault) = 0;
-  // Tokens of requests written or waiting on `queues`, with their submit times; cleared.
+  // Fails every request on `queues` (server queues) dispatched at least the region's reply
+  // bound before `now`, waiting for ring room or in the ring, with the region's timeout_reason(),
+  // and reports them to its events (EngineEvents::on_reply_timeouts). Replies that come for them
+  // later are dropped as late. Only for a region with a bound.
+  virtual void expire(EngineThread& engine, AgentRegion& region, std::span<const uint32_t> queues,
+                      std::chrono::steady_clock::time_point now) = 0;
+  // Tokens of requests written or waiting on `queues` and not yet answered (timed-out ones are),
+  // with their submit times; cleared.
   virtual void take_in_flight(
       std::span<const uint32_t> queues,
       std::vector<std::pair<uint64_t, std::chrono::steady_clock::time_point>>& out) = 0;
+  // Requests written or waiting on `queues` and not yet answered (nor timed out).
   virtual size_t in_flight(std::span<const uint32_t> queues) const = 0;
   // Raises the region's stop word (the agent's pollers return).
   virtual void request_stop() = 0;
@@ -151,6 +160,27 @@ class AgentRegion {
   uint32_t engine_base() const { return engine_base_; }
   void set_engine_base(uint32_t base) { engine_base_ = base; }
 
+  // The service's reply bound (ServiceConfig::reply_timeout_ms; 0: none): a request dispatched
+  // to the region and not answered within it is failed with timeout_reason() by the engine
+  // thread that serves its queue. Set with the region's service (Service::add()), before attach,
+  // whose command lock publishes it; read-only afterwards.
+  std::chrono::milliseconds reply_timeout() const { return reply_timeout_; }
+  // "agent 'echo-1' did not answer within 200 ms"
+  const std::string& timeout_reason() const { return timeout_reason_; }
+  void set_reply_timeout(std::chrono::milliseconds bound);
+
+  // Outlier ejection (dispatch.hpp): until when the region is out of its service's dispatch,
+  // or nullopt while it is in it. Written by the service under its membership lock; read by
+  // engine threads, which tell the service when the time is up or the region answered in time
+  // (EngineEvents::on_ejection_over). Relaxed both ways: it is a hint that orders nothing; the
+  // service decides under its lock, and dispatch learns of it through its shards' locks.
+  std::optional<std::chrono::steady_clock::time_point> ejected_until() const {
+    const int64_t ns = ejected_until_ns_.load(std::memory_order_relaxed);
+    if (ns == 0) return std::nullopt;
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
+  }
+  void set_ejected_until(std::optional<std::chrono::steady_clock::time_point> until);
+
  private:
   std::string agent_;
   uint64_t epoch_;
@@ -160,6 +190,9 @@ class AgentRegion {
   std::vector<std::shared_ptr<ClientLink>> links_;
   std::function<void(const std::string&)> on_fault_;
   uint32_t engine_base_ = 0;
+  std::chrono::milliseconds reply_timeout_{0};
+  std::string timeout_reason_;
+  std::atomic<int64_t> ejected_until_ns_{0};  // steady_clock ns; 0: in dispatch
 };
 
 }  // namespace caracal::server

@@ -524,6 +524,18 @@ INSTANTIATE_TEST_SUITE_P(Threads, WideHostedEngineTest, ::testing::Values(std::t
                            return "hosted" + std::to_string(std::get<0>(info.param));
                          });
 
+// A small region with `servers` server queues and `clients` client queues, for the placement
+// tests (they look at which thread serves which queue, not at traffic).
+test::TestRegion placement_region(const std::string& name, uint32_t servers, uint32_t clients = 0) {
+  mqueue::RegionGeometry g;
+  g.server_queue_count = servers;
+  g.client_queue_count = clients;
+  g.slot_bytes = 64;
+  g.ring_capacity = 64;
+  g.max_message_bytes = 256;
+  return test::make_test_region(name, g, 7, nullptr);
+}
+
 // Placement: each region's server queues start on the thread after the last queue of the
 // region placed before, so that several regions together cover every thread; a region never
 // placed starts at thread 0.
@@ -531,16 +543,9 @@ TEST(EnginePlacement, RegionsAreDealtOneAfterAnotherOverEveryThread) {
   spdlog::set_level(spdlog::level::warn);
   ReplyTable replies(64);
   Engine engine(replies, EngineOptions{.threads = 8});
-  auto region = [](const std::string& name, uint32_t queues) {
-    mqueue::RegionGeometry g;
-    g.server_queue_count = queues;
-    g.slot_bytes = 64;
-    g.ring_capacity = 64;
-    g.max_message_bytes = 256;
-    return test::make_test_region(name, g, 7, nullptr);
-  };
-  test::TestRegion unplaced = region("unplaced", 3);
-  test::TestRegion a = region("a", 4), b = region("b", 6), c = region("c", 16);
+  test::TestRegion unplaced = placement_region("unplaced", 3);
+  test::TestRegion a = placement_region("a", 4), b = placement_region("b", 6),
+                   c = placement_region("c", 16);
   ASSERT_TRUE(unplaced.region && a.region && b.region && c.region);
   engine.place(*a.region);
   engine.place(*b.region);
@@ -575,14 +580,8 @@ TEST(EnginePlacement, RegionsAreDealtOneAfterAnotherOverEveryThread) {
 TEST(EnginePlacement, ClientQueueGoesWithItsServerQueue) {
   ReplyTable replies(64);
   Engine engine(replies, EngineOptions{.threads = 4});
-  mqueue::RegionGeometry g;
-  g.server_queue_count = 6;
-  g.client_queue_count = 6;
-  g.slot_bytes = 64;
-  g.ring_capacity = 64;
-  g.max_message_bytes = 256;
-  test::TestRegion first = test::make_test_region("first", g, 7, nullptr);
-  test::TestRegion second = test::make_test_region("second", g, 7, nullptr);
+  test::TestRegion first = placement_region("first", 6, 6);
+  test::TestRegion second = placement_region("second", 6, 6);
   ASSERT_TRUE(first.region && second.region);
   engine.place(*first.region);
   engine.place(*second.region);
@@ -603,13 +602,8 @@ TEST(EnginePlacement, ClientQueueGoesWithItsServerQueue) {
 TEST(EnginePlacement, OneThreadServesEveryQueue) {
   ReplyTable replies(64);
   Engine engine(replies, EngineOptions{.threads = 1});
-  mqueue::RegionGeometry g;
-  g.server_queue_count = 5;
-  g.slot_bytes = 64;
-  g.ring_capacity = 64;
-  g.max_message_bytes = 256;
-  test::TestRegion a = test::make_test_region("one-a", g, 7, nullptr);
-  test::TestRegion b = test::make_test_region("one-b", g, 7, nullptr);
+  test::TestRegion a = placement_region("one-a", 5);
+  test::TestRegion b = placement_region("one-b", 5);
   ASSERT_TRUE(a.region && b.region);
   engine.place(*a.region);
   engine.place(*b.region);

@@ -60,7 +60,7 @@ SRC=$(cd "$HERE/../.." && pwd)
 mkdir -p "$RESULTS/raw"
 RESULTS=$(realpath "$RESULTS")
 RAW="$RESULTS/raw"
-source "$HERE/lib.sh"  # wait_for_line, pid_ticks, start_memcached
+source "$HERE/lib.sh"  # wait_for_line, pid_ticks, start_memcached, face_destinations, client_queues
 
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
@@ -192,8 +192,7 @@ services:
     listeners:
       - { protocol: udp, listen: 127.0.0.1:0, error_reply: 'ERROR {reason}' }
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 }, error_reply: 'ERROR {reason}' }
-$([ "$HANDLER" = face ] && echo "destinations:
-  - { name: memcached, connect: 127.0.0.1:$MC_PORT, framing: { kind: memcached }, max_message_bytes: 8192, timeout_ms: $FACE_TIMEOUT_MS }")
+$(face_destinations "$HANDLER")
 YAML
   "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
   local spid=$!
@@ -225,7 +224,7 @@ cpu: { workers: 1, burst: $GPU_BURST }
 $([ "$CPU_ONLY" -eq 0 ] && echo "gpu: { workers: 0, burst: $GPU_BURST }")
 reconnect_interval_ms: 100
 services:
-  - { name: $HANDLER, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE$(client_queues) }
+  - { name: $HANDLER, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE$(client_queues "$HANDLER") }
 YAML
     "$AGENT" --config "$log-agent$i.yaml" "${extra[@]}" >"$log-agent$i.log" 2>&1 &
     AGENT_PIDS+=("$!")
@@ -238,14 +237,6 @@ YAML
   SERVER_PIDS+=("${AGENT_PIDS[@]}")
 }
 
-# client_queues: the face agent's client queues, one per queue (each block then calls memcached
-# on its own), as the tail of its service's YAML mapping; nothing for matvec.
-client_queues() {
-  [ "$HANDLER" = face ] || return 0
-  local q out=""
-  for q in $(seq "$AGENT_QUEUES"); do out="$out${out:+, }{ destination: memcached }"; done
-  echo ", client_queues: [ $out ]"
-}
 
 # start_host_centric NAME GPUS: the host-centric server on GPUs 0..GPUS-1.
 start_host_centric() {

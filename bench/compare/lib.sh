@@ -118,3 +118,20 @@ start_memcached() {
   echo "$(basename "$0"): memcached did not start or take the references (memcached.log, face-loader.log in $RAW)" >&2
   return 1
 }
+
+# The face handler's side of a Caracal config, nothing for the other handlers:
+# face_destinations HANDLER: snic_server's `destinations:` block, the memcached of
+# start_memcached (MC_PORT) with FACE_TIMEOUT_MS;
+# client_queues HANDLER: the tail of the agent's service mapping, one client queue per queue
+# (AGENT_QUEUES), so that each worker or block calls memcached on its own.
+face_destinations() {
+  [ "$1" = face ] || return 0
+  echo "destinations:
+  - { name: memcached, connect: 127.0.0.1:$MC_PORT, framing: { kind: memcached }, max_message_bytes: 8192, timeout_ms: $FACE_TIMEOUT_MS }"
+}
+client_queues() {
+  [ "$1" = face ] || return 0
+  local q out=""
+  for q in $(seq "$AGENT_QUEUES"); do out="$out${out:+, }{ destination: memcached }"; done
+  echo ", client_queues: [ $out ]"
+}

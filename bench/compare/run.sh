@@ -195,7 +195,8 @@ trap 'stop_servers; hold_remove; [ -z "$MC_PID" ] || kill -KILL "$MC_PID" 2>/dev
 
 log() { echo "[$(($(date +%s) - T0))s] $*" >&2; }
 
-source "$(dirname "$0")/lib.sh"  # wait_for_line, hold_*, start_memcached
+source "$(dirname "$0")/lib.sh"  # wait_for_line, hold_*, start_memcached, face_destinations,
+                                     # client_queues
 
 # launch COMMAND...: runs COMMAND (in the background), in the held group while HOLDING is 1.
 launch() {
@@ -233,14 +234,6 @@ threads_json() {
     END { printf "{%s}", s }' <(printf '%s\n' "$1") <(printf '%s\n' "$2")
 }
 
-# client_queues HANDLER: the agent's client queues, one per queue (each worker then calls
-# memcached on its own; face only).
-client_queues() {
-  [ "$1" = face ] || return 0
-  local q out=""
-  for q in $(seq "$AGENT_QUEUES"); do out="$out${out:+, }{ destination: memcached }"; done
-  echo ", client_queues: [ $out ]"
-}
 
 # start_server SERVER HANDLER: starts it; sets UDP_PORT, TCP_PORT and SERVER_PIDS (and, for
 # snic_server, METRICS_PORT).
@@ -269,8 +262,7 @@ services:
     listeners:
       - { protocol: udp, listen: 127.0.0.1:0 }
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
-$([ "$handler" = face ] && echo "destinations:
-  - { name: memcached, connect: 127.0.0.1:$MC_PORT, framing: { kind: memcached }, max_message_bytes: 8192, timeout_ms: $FACE_TIMEOUT_MS }")
+$(face_destinations "$handler")
 YAML
       launch "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
       local spid=$!

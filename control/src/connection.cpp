@@ -1,6 +1,5 @@
 #include "caracal/control/connection.hpp"
 
-#include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 #include <utility>
@@ -13,7 +12,7 @@ using boost::system::error_code;
 Connection::Connection(asio::ip::tcp::socket socket) : socket_(std::move(socket)) {}
 
 void Connection::start(Callbacks callbacks) {
-  callbacks_ = std::move(callbacks);
+  callbacks_ = std::make_shared<const Callbacks>(std::move(callbacks));
   error_code ec;
   const auto peer = socket_.remote_endpoint(ec);
   if (!ec) origin_ = "control " + peer.address().to_string() + ":" + std::to_string(peer.port());
@@ -43,7 +42,10 @@ void Connection::read_payload() {
                      if (ec) return self->end(Ending::kBroken, "read failed: " + ec.message());
                      Result<Message> m = decode(self->payload_, self->origin_);
                      if (!m.ok()) return self->end(Ending::kMalformed, m.status().message());
-                     if (self->callbacks_.on_message(std::move(*m)) && !self->closed_) {
+                     // A local reference: on_message may close() the connection, which drops
+                     // the callbacks while this one runs.
+                     const std::shared_ptr<const Callbacks> callbacks = self->callbacks_;
+                     if (callbacks->on_message(std::move(*m)) && !self->closed_) {
                        self->read_prefix();
                      }
                    });
@@ -80,7 +82,8 @@ void Connection::close_after_sending() {
 void Connection::end(Ending ending, const std::string& why) {
   if (ended_) return;
   ended_ = true;
-  if (callbacks_.on_end) callbacks_.on_end(ending, why);
+  const std::shared_ptr<const Callbacks> callbacks = callbacks_;  // on_end may close()
+  if (callbacks && callbacks->on_end) callbacks->on_end(ending, why);
 }
 
 void Connection::close() {
@@ -90,9 +93,10 @@ void Connection::close() {
   error_code ignored;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
-  // The callbacks may hold the owner, which holds this connection: drop them to break the
-  // cycle, later, since close() may be running inside one of them.
-  asio::post(socket_.get_executor(), [self = shared_from_this()] { self->callbacks_ = {}; });
+  // The callbacks may hold the owner, which holds this connection: drop them now to break the
+  // cycle (a callback running meanwhile holds its own reference). Not later through a posted
+  // handler: an io_context stopped before it ran would destroy it unrun, and leak the pair.
+  callbacks_.reset();
 }
 
 }  // namespace caracal::control

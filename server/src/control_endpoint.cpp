@@ -6,7 +6,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 
 #include "blocking_worker.hpp"
 #include "caracal/control/connection.hpp"
@@ -62,10 +64,14 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
     origin_ = conn_->origin();
   }
 
-  // Drops the session from outside (server shutdown, or replaced by a new epoch).
-  void lose_later(std::string reason) {
+  // Drops the session from outside (server shutdown, or replaced by a new epoch); `then` runs
+  // after, on the session's strand.
+  void lose_later(std::string reason, std::function<void()> then = {}) {
     asio::post(conn_->socket().get_executor(),
-               [self = shared_from_this(), r = std::move(reason)] { self->lose(r); });
+               [self = shared_from_this(), r = std::move(reason), then = std::move(then)] {
+                 self->lose(r);
+                 if (then) then();
+               });
   }
 
   const std::string& agent() const { return hello_.agent; }
@@ -609,8 +615,26 @@ void ControlEndpoint::stop() {
     }
     sessions_.clear();
   }
-  for (auto& s : live)
-    s->lose_later("server shutting down");
+  // Each session ends on its own strand. Wait for them (bounded): a session whose loss never
+  // ran, its I/O thread stopped first, would stay held by its own connection's callbacks.
+  struct Pending {
+    std::mutex m;
+    std::condition_variable cv;
+    size_t left;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->left = live.size();
+  for (auto& s : live) {
+    s->lose_later("server shutting down", [pending] {
+      std::lock_guard lock(pending->m);
+      if (--pending->left == 0) pending->cv.notify_all();
+    });
+  }
+  live.clear();
+  {
+    std::unique_lock lock(pending->m);
+    pending->cv.wait_for(lock, tunables::kStopCloseWait, [&] { return pending->left == 0; });
+  }
   // A connect in progress finishes (its result is dropped: the sessions are closing).
   worker_->stop();
 }

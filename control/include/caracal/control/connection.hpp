@@ -9,7 +9,8 @@
 //               owner may answer (a Refused) before close_after_sending().
 // Completion handlers hold a shared_ptr, so the object outlives its last pending operation
 // after close(), and no callback runs once close() has returned. The callbacks may hold their
-// owner: close() drops them (after the callback that called it has returned). Every member is
+// owner: close() drops them (the one running, if close() was called from it, is freed once it
+// returns). Every member is
 // called on the one thread (or strand) that runs the socket's executor.
 #pragma once
 
@@ -61,7 +62,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   boost::asio::ip::tcp::socket socket_;
   std::string origin_ = "control ?";
-  Callbacks callbacks_;
+  // Shared so that a callback running when close() drops them lives until it returns.
+  std::shared_ptr<const Callbacks> callbacks_;
   std::array<std::byte, kFramePrefixBytes> prefix_{};
   std::string payload_;
   std::deque<std::string> outbox_;  // front: being written

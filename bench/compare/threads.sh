@@ -17,7 +17,9 @@
 # HANDLERS (matvec), SIZES (1024), SAT_CONNECTIONS (16), SAT_WINDOW (16), LOADGEN_THREADS (16),
 # AGENT_QUEUES (16), DURATION (1), WARMUP (0.3), PIN (halves: the server and its agent on the
 # hyperthreads of the first half of the physical cores, the client on the rest, through
-# run.sh's SERVER_CPUS and CLIENT_CPUS; unset: anywhere).
+# run.sh's SERVER_CPUS and CLIENT_CPUS; server:N: the first N physical cores to the server and
+# its agent, the rest to the client, so that a many-core client can hold the server to its own
+# limit; unset: anywhere).
 set -uo pipefail
 build=$(realpath "${1:?usage: threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...}")
 results=${2:?usage: threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...}
@@ -35,21 +37,29 @@ export DURATION=${DURATION:-1}
 export WARMUP=${WARMUP:-0.3}
 export OPEN_SIZES="" LOW_LOAD_ROUNDS=0 SERVERS=caracal
 unset ENGINE_THREADS
-if [ "${PIN:-}" = halves ]; then
+case "${PIN:-}" in
+  "" | halves) ;;
+  server:[1-9]*) ;;
+  *) echo "threads.sh: PIN is halves or server:N, not '$PIN'" >&2; exit 2 ;;
+esac
+if [ -n "${PIN:-}" ]; then
   # Physical cores by (package, core id), in the order of their lowest CPU number.
-  read -r SERVER_CPUS CLIENT_CPUS < <(python3 - <<'PY'
-import collections, glob
+  read -r SERVER_CPUS CLIENT_CPUS < <(PIN="$PIN" python3 - <<'PY'
+import collections, glob, os, sys
 cores = collections.defaultdict(list)
 for d in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
     cpu = int(d.split("/")[-2][3:])
     key = (open(d + "/physical_package_id").read().strip(), open(d + "/core_id").read().strip())
     cores[key].append(cpu)
 keys = sorted(cores, key=lambda k: min(cores[k]))
-half = len(keys) // 2
+pin = os.environ["PIN"]
+half = len(keys) // 2 if pin == "halves" else int(pin.split(":")[1])
+if not 0 < half < len(keys):
+    sys.exit(f"threads.sh: PIN={pin} leaves no core to the server or the client ({len(keys)} cores)")
 cpus = lambda ks: ",".join(str(c) for k in ks for c in sorted(cores[k]))
 print(cpus(keys[:half]), cpus(keys[half:]))
 PY
-  )
+  ) || exit 2
   export SERVER_CPUS CLIENT_CPUS
   echo "threads.sh: the server on CPUs $SERVER_CPUS, the client on $CLIENT_CPUS"
 fi

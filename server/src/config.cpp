@@ -127,7 +127,7 @@ ListenerConfig parse_listener(const Field& f, uint32_t max_message_bytes) {
   f.allow_only({"protocol", "kind", "listen", "framing", "error_reply", "max_pipeline",
                 "socket_buffer_bytes", "max_connections", "max_connections_per_address",
                 "idle_timeout_ms", "request_timeout_ms", "max_queued_reply_bytes",
-                "send_timeout_ms"});
+                "send_timeout_ms", "spread"});
   ListenerConfig l;
   l.protocol = f.required("protocol")
                    .as_choice<Protocol>({{"udp", Protocol::kUdp}, {"tcp", Protocol::kTcp}});
@@ -173,6 +173,16 @@ ListenerConfig parse_listener(const Field& f, uint32_t max_message_bytes) {
     }
     l.socket_buffer_bytes = static_cast<uint32_t>(b->as_uint(4096, 1u << 30));
     l.socket_buffer_set = true;
+  }
+  if (auto v = f.optional("spread")) {
+    if (l.protocol != Protocol::kUdp || l.kind != ListenerKind::kAsio) {
+      v->fail(
+          "spread deals datagrams among the sockets of an Asio UDP listener (TCP deals "
+          "connections among the I/O threads; a dpdk listener has its own workers)");
+    }
+    l.spread =
+        v->as_choice<ListenerConfig::Spread>({{"flows", ListenerConfig::Spread::kFlows},
+                                              {"datagrams", ListenerConfig::Spread::kDatagrams}});
   }
   parse_tcp_connection_keys(f, l);
   const auto framing = f.optional("framing");

@@ -443,7 +443,8 @@ services:
   }
 }
 
-TEST(ListenerConfig, SocketBufferBytesSizesAsioUdpSocketsOnly) {
+// socket_buffer_bytes and spread: keys of Asio UDP listeners only.
+TEST(ListenerConfig, SocketBufferBytesAndSpreadAreForAsioUdpSocketsOnly) {
   const auto with = [](const std::string& listener) {
     return std::string(R"(control: { listen: 127.0.0.1:1, secret: 0123456789abcdef }
 services:
@@ -462,12 +463,19 @@ services:
       with("{ protocol: udp, listen: 127.0.0.1:1, socket_buffer_bytes: 65536 }"), "t.yaml"));
   EXPECT_EQ(set.services[0].listeners[0].socket_buffer_bytes, 65536u);
   EXPECT_TRUE(set.services[0].listeners[0].socket_buffer_set);
+  EXPECT_EQ(defaults.services[0].listeners[0].spread, ListenerConfig::Spread::kFlows);
+  const ServerConfig spread = parse_server_config(config::load_yaml_text(
+      with("{ protocol: udp, listen: 127.0.0.1:1, spread: datagrams }"), "t.yaml"));
+  EXPECT_EQ(spread.services[0].listeners[0].spread, ListenerConfig::Spread::kDatagrams);
   const std::pair<const char*, const char*> refused[] = {
       {"{ protocol: tcp, listen: 127.0.0.1:1, framing: { kind: line }, socket_buffer_bytes: 65536 "
        "}",
        "Asio UDP listener"},
       {"{ protocol: udp, listen: 127.0.0.1:1, socket_buffer_bytes: 100 }", "4096"},
       {"{ protocol: udp, listen: 127.0.0.1:1, socket_buffer_bytes: -1 }", "t.yaml:6:"},
+      {"{ protocol: tcp, listen: 127.0.0.1:1, framing: { kind: line }, spread: datagrams }",
+       "Asio UDP listener"},
+      {"{ protocol: udp, listen: 127.0.0.1:1, spread: packets }", "datagrams"},
   };
   for (const auto& [listener, says] : refused) {
     try {

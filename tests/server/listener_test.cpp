@@ -1,5 +1,6 @@
-// The Asio listeners inside a real Server. UDP: the socket options it sets, and a burst of
-// datagrams larger than one recvmmsg() batch, each answered. TCP: a stop that finds a request
+// The Asio listeners inside a real Server. UDP: the socket options it sets, a burst of
+// datagrams larger than one recvmmsg() batch, each answered, and how datagrams are dealt among
+// the sockets. TCP: a stop that finds a request
 // half read and a read in flight takes nothing that read brings (caracal_matvec_agent, slowed
 // down, keeps a request in flight across the stop).
 #include <arpa/inet.h>
@@ -32,8 +33,8 @@ extern char** environ;
 namespace caracal::server {
 namespace {
 
-ServerConfig udp_config(const std::string& listener_extra) {
-  const std::string text = R"(io_threads: 2
+ServerConfig udp_config(const std::string& listener_extra, uint32_t io_threads = 2) {
+  const std::string text = "io_threads: " + std::to_string(io_threads) + R"(
 control: { listen: 127.0.0.1:0, secret: 0123456789abcdef }
 services:
   - name: e
@@ -120,6 +121,62 @@ TEST(UdpListener, ABurstIsReceivedWhole) {
   EXPECT_EQ(replies, kBurst);
   close(fd);
   server.stop();
+}
+
+// Sends `count` datagrams from one client socket (one flow) to the listener of `server` and
+// waits for each error reply (no agent is attached), so that every one was received; returns
+// caracal_listener_socket_datagrams_total of each of the listener's sockets, by socket.
+std::map<std::string, uint64_t> datagrams_by_socket(Server& server, int count) {
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  EXPECT_GE(fd, 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(server.listener_port("e", 0));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  char buf[256];
+  int replies = 0;
+  // A few at a time, so that no socket buffer overflows.
+  for (int sent = 0; sent < count; sent += 10) {
+    for (int i = 0; i < 10; ++i)
+      sendto(fd, "x", 1, 0, reinterpret_cast<sockaddr*>(&to), sizeof(to));
+    for (int i = 0; i < 10 && recv(fd, buf, sizeof(buf), 0) > 0; ++i)
+      ++replies;
+  }
+  close(fd);
+  EXPECT_EQ(replies, count);
+  std::map<std::string, uint64_t> out;
+  const std::string text = server.metrics().render();
+  const std::string name = "caracal_listener_socket_datagrams_total{";
+  for (size_t at = text.find('\n' + name); at != std::string::npos;
+       at = text.find('\n' + name, at + 1)) {
+    const std::string line = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+    const size_t socket = line.find("socket=\"") + 8;
+    out[line.substr(socket, line.find('"', socket) - socket)] =
+        std::stoull(line.substr(line.rfind(' ') + 1));
+  }
+  return out;
+}
+
+// One client's datagrams: with the kernel's hash (spread: flows, the default) all to one socket;
+// with spread: datagrams to every socket (400 datagrams over 4 sockets: a socket left out by
+// chance would have a chance of 4 x 0.75^400, about 10^-50).
+TEST(UdpListener, SpreadDealsOneClientsDatagramsToEverySocketOnlyWhenAskedTo) {
+  for (const bool datagrams : {false, true}) {
+    Server server(udp_config(datagrams ? ", spread: datagrams" : "", 4));
+    ASSERT_TRUE(server.start().ok());
+    const std::map<std::string, uint64_t> got = datagrams_by_socket(server, 400);
+    server.stop();
+    ASSERT_EQ(got.size(), 4u) << "a series per socket";
+    uint64_t total = 0, busy = 0;
+    for (const auto& [socket, n] : got) {
+      total += n;
+      busy += n > 0 ? 1 : 0;
+    }
+    EXPECT_EQ(total, 400u);
+    EXPECT_EQ(busy, datagrams ? 4u : 1u) << (datagrams ? "spread: datagrams" : "spread: flows");
+  }
 }
 
 // A TCP client socket connected to 127.0.0.1:port, with a receive timeout.

@@ -2,6 +2,7 @@
 // thread on one port, datagrams taken in batches with recvmmsg(), replies sent in bursts with
 // sendmmsg() from the engine thread or, under load, from the socket's I/O thread.
 #include <fcntl.h>
+#include <linux/filter.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -41,6 +42,7 @@ class UdpListenerCore final : public ReplySink,
         replies_(deps.replies),
         name_(listener_name(config)),
         stats_(deps.metrics, deps.service.name(), name_),
+        metrics_(deps.metrics),
         sockets_count_(static_cast<uint32_t>(deps.io.size())),
         engine_hosted_(deps.engine_hosted) {}
 
@@ -50,6 +52,13 @@ class UdpListenerCore final : public ReplySink,
     udp::endpoint ep(*address, config_.listen.port);
     for (uint32_t i = 0; i < sockets_count_; ++i) {
       auto s = std::make_unique<Socket>(io_.at(i), service_.config().max_message_bytes, lanes());
+      Labels labels = stats_.labels;
+      labels.emplace_back("socket", std::to_string(i));
+      s->received = &metrics_.counter(
+          "caracal_listener_socket_datagrams_total",
+          "Datagrams each socket of a UDP listener received (a socket per I/O thread): how "
+          "evenly the listener's spread deals them",
+          labels);
       error_code ec;
       s->socket.open(ep.protocol(), ec);
       if (!ec && sockets_count_ > 1) {
@@ -73,8 +82,36 @@ class UdpListenerCore final : public ReplySink,
       sockets_.push_back(std::move(s));
     }
     port_ = ep.port();
+    if (config_.spread == ListenerConfig::Spread::kDatagrams && sockets_.size() > 1) {
+      if (Status st = spread_datagrams(); !st.ok()) return st;
+    }
     for (uint32_t i = 0; i < sockets_.size(); ++i)
       receive(i);
+    return Status::ok_status();
+  }
+
+  // spread: datagrams. A classic BPF program on the SO_REUSEPORT group picks the socket of each
+  // datagram: a random number modulo the number of sockets, an index into the group, which
+  // holds the sockets in the order they were bound (sockets_'s). Attached through any socket of
+  // the group, it serves all of them; sockets of another process on the port would make the
+  // group larger, but binding to a port another user holds fails, and this process binds all.
+  Status spread_datagrams() {
+    sock_filter code[] = {
+        // The ancillary load: a negative offset, as the kernel reads it (filter.h).
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, static_cast<uint32_t>(SKF_AD_OFF + SKF_AD_RANDOM)),
+        BPF_STMT(BPF_ALU | BPF_MOD | BPF_K, static_cast<uint32_t>(sockets_.size())),
+        BPF_STMT(BPF_RET | BPF_A, 0),
+    };
+    sock_fprog program{static_cast<unsigned short>(std::size(code)), code};
+    if (::setsockopt(sockets_[0]->socket.native_handle(), SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF,
+                     &program, sizeof program) != 0) {
+      return Status(StatusCode::kIoError,
+                    name_ +
+                        ": spread: datagrams: cannot attach the program that deals "
+                        "datagrams among the sockets (SO_ATTACH_REUSEPORT_CBPF, Linux 4.5 "
+                        "and later): " +
+                        std::strerror(errno));
+    }
     return Status::ok_status();
   }
 
@@ -173,7 +210,8 @@ class UdpListenerCore final : public ReplySink,
     }
     char* buffer(size_t k) { return buffers.data() + k * stride; }
 
-    udp::socket socket;  // receives; used by its strand only
+    udp::socket socket;           // receives; used by its strand only
+    Counter* received = nullptr;  // caracal_listener_socket_datagrams_total of this socket
     // A duplicate of the socket's descriptor that every send goes through, from the I/O thread
     // (error replies) and from the engine thread (replies) alike. A udp::socket object may not
     // be used from two threads at once, but the kernel socket may: sendto() is one system call
@@ -233,6 +271,7 @@ class UdpListenerCore final : public ReplySink,
                                    if (ec == asio::error::operation_aborted || !s->socket.is_open())
                                      return;
                                    if (!ec) {
+                                     s->received->inc();
                                      self->on_datagram(*s, s->buffer(0), n, s->peers[0]);
                                      self->drain(*s);
                                    }
@@ -261,6 +300,7 @@ class UdpListenerCore final : public ReplySink,
       // EAGAIN: the socket is empty. Another error is left to the next receive, which reports
       // it through Asio like any receive error.
       if (got <= 0) return;
+      s.received->inc(static_cast<uint64_t>(got));
       for (int k = 0; k < got; ++k) {
         s.peers[k].resize(s.headers[k].msg_hdr.msg_namelen);
         on_datagram(s, s.buffer(k), s.headers[k].msg_len, s.peers[k]);
@@ -378,6 +418,7 @@ class UdpListenerCore final : public ReplySink,
   ReplyTable& replies_;
   std::string name_;
   ListenerStats stats_;
+  Registry& metrics_;
   uint32_t sockets_count_;
   bool engine_hosted_;
   std::vector<std::unique_ptr<Socket>> sockets_;

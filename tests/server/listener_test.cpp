@@ -14,8 +14,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <map>
@@ -159,24 +161,43 @@ std::map<std::string, uint64_t> datagrams_by_socket(Server& server, int count) {
   return out;
 }
 
-// One client's datagrams: with the kernel's hash (spread: flows, the default) all to one socket;
-// with spread: datagrams to every socket (400 datagrams over 4 sockets: a socket left out by
-// chance would have a chance of 4 x 0.75^400, about 10^-50).
-TEST(UdpListener, SpreadDealsOneClientsDatagramsToEverySocketOnlyWhenAskedTo) {
-  for (const bool datagrams : {false, true}) {
-    Server server(udp_config(datagrams ? ", spread: datagrams" : "", 4));
-    ASSERT_TRUE(server.start().ok());
-    const std::map<std::string, uint64_t> got = datagrams_by_socket(server, 400);
-    server.stop();
-    ASSERT_EQ(got.size(), 4u) << "a series per socket";
-    uint64_t total = 0, busy = 0;
-    for (const auto& [socket, n] : got) {
-      total += n;
-      busy += n > 0 ? 1 : 0;
-    }
-    EXPECT_EQ(total, 400u);
-    EXPECT_EQ(busy, datagrams ? 4u : 1u) << (datagrams ? "spread: datagrams" : "spread: flows");
+// How many of a 4-socket listener's sockets received one client's 400 datagrams, with
+// `spread` (empty: the default). A socket left out by chance where every socket may get each
+// datagram has a chance of 4 x 0.75^400, about 10^-50. -1 where the listener cannot start
+// because the kernel (or qemu-user, under which the arm64 build's tests run) lacks
+// SO_ATTACH_REUSEPORT_CBPF.
+int sockets_reached(const std::string& spread) {
+  Server server(udp_config(spread.empty() ? "" : ", spread: " + spread, 4));
+  const Status started = server.start();
+  if (!started.ok() && started.message().find(std::strerror(ENOPROTOOPT)) != std::string::npos) {
+    return -1;
   }
+  EXPECT_TRUE(started.ok()) << started.message();
+  if (!started.ok()) return 0;
+  const std::map<std::string, uint64_t> got = datagrams_by_socket(server, 400);
+  server.stop();
+  EXPECT_EQ(got.size(), 4u) << "a series per socket";
+  uint64_t total = 0;
+  int busy = 0;
+  for (const auto& [socket, n] : got) {
+    total += n;
+    busy += n > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(total, 400u);
+  return busy;
+}
+
+// The kernel's hash (spread: flows, the default): all of one client's datagrams to one socket.
+TEST(UdpListener, SpreadFlowsKeepsOneClientOnOneSocket) {
+  EXPECT_EQ(sockets_reached(""), 1);
+  EXPECT_EQ(sockets_reached("flows"), 1);
+}
+
+// spread: datagrams: one client's datagrams to every socket.
+TEST(UdpListener, SpreadDatagramsDealsOneClientToEverySocket) {
+  const int reached = sockets_reached("datagrams");
+  if (reached < 0) GTEST_SKIP() << "no SO_ATTACH_REUSEPORT_CBPF here (qemu-user lacks it)";
+  EXPECT_EQ(reached, 4);
 }
 
 // A TCP client socket connected to 127.0.0.1:port, with a receive timeout.

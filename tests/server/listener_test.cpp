@@ -76,6 +76,23 @@ std::vector<std::pair<int, int>> udp_buffers_on(uint16_t port) {
   return out;
 }
 
+// 127.0.0.1:port.
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return to;
+}
+
+// A UDP client socket with a 5 s receive timeout.
+int udp_client() {
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  timeval tv{5, 0};
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
 TEST(UdpListener, SocketBuffersAreTheConfiguredSize) {
   Server server(udp_config(", socket_buffer_bytes: 65536"));
   ASSERT_TRUE(server.start().ok());
@@ -96,16 +113,11 @@ TEST(UdpListener, SocketBuffersAreTheConfiguredSize) {
 TEST(UdpListener, ABurstIsReceivedWhole) {
   Server server(udp_config(""));
   ASSERT_TRUE(server.start().ok());
-  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  const int fd = udp_client();
   ASSERT_GE(fd, 0);
   int big = 1 << 20;
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(server.listener_port("e", 0));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in to = loopback(server.listener_port("e", 0));
   constexpr int kBurst = 200;
   static_assert(kBurst > tunables::kUdpReceiveBatch * tunables::kUdpDrainRounds);
   for (int i = 0; i < kBurst; ++i) {
@@ -129,14 +141,9 @@ TEST(UdpListener, ABurstIsReceivedWhole) {
 // waits for each error reply (no agent is attached), so that every one was received; returns
 // caracal_listener_socket_datagrams_total of each of the listener's sockets, by socket.
 std::map<std::string, uint64_t> datagrams_by_socket(Server& server, int count) {
-  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  const int fd = udp_client();
   EXPECT_GE(fd, 0);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(server.listener_port("e", 0));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in to = loopback(server.listener_port("e", 0));
   char buf[256];
   int replies = 0;
   // A few at a time, so that no socket buffer overflows.
@@ -206,10 +213,7 @@ int connect_tcp(uint16_t port) {
   if (fd < 0) return -1;
   timeval tv{10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(port);
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in to = loopback(port);
   if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
     close(fd);
     return -1;

@@ -32,8 +32,19 @@ YAML
   wait_for_line "$WORK/defaults.log" "serving [0-9]+ service"
   grep -q "control endpoint on 127.0.0.1:7100 (port 7100)" "$WORK/defaults.log" ||
     fail "the default control endpoint is not 127.0.0.1:7100"
-  curl -sf -m 5 http://127.0.0.1:9100/metrics | grep -q '^caracal_agents ' ||
+  # A few tries: once (under TSan, with the BlueField VMs starting beside it) the first scrape
+  # failed within milliseconds of the server saying it listened. What came back is shown.
+  scraped=""
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    scraped=$(curl -sS -f -m 5 http://127.0.0.1:9100/metrics 2>&1) &&
+      grep -q '^caracal_agents ' <<<"$scraped" && break
+    sleep 0.2
+  done
+  if ! grep -q '^caracal_agents ' <<<"$scraped"; then
+    echo "$scraped" | head -5
+    ss -Hltnp '( sport = :9100 )'
     fail "no metrics on the default 127.0.0.1:9100"
+  fi
   ss -Hlntup | grep "pid=$DEFAULTS_PID," >"$WORK/defaults.ss" || true
   sed 's/^/listening: /' "$WORK/defaults.ss"
   [ "$(wc -l <"$WORK/defaults.ss")" -ge 3 ] || fail "ss shows fewer than 3 sockets of the server"

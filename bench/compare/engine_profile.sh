@@ -10,7 +10,8 @@
 # Knobs (environment): SNIC (default BUILD_DIR's), POINTS ("echo:udp:16384 echo:tcp:16384"),
 # DURATION (2), WARMUP (0.5), THREADS (4), LOADGEN_THREADS (8), SAT_CONNECTIONS (8),
 # SAT_WINDOW (16), CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (0), PERF, ENGINE_THREADS
-# (snic_server's engine_threads; unset: the server's default). With several engine threads each
+# (snic_server's engine_threads; unset: the server's default), SPREAD (the UDP listener's
+# `spread`, flows or datagrams; unset: the server's default). With several engine threads each
 # prints its own report; PERF samples the first, or with PERF_PROCESS=1 every thread of
 # snic_server (the report is then sorted by thread name, then symbol).
 set -uo pipefail
@@ -56,7 +57,7 @@ services:
     max_message_bytes: 16384
     dispatch: round_robin
     listeners:
-      - { protocol: udp, listen: 127.0.0.1:0 }
+      - { protocol: udp, listen: 127.0.0.1:0$([ -n "${SPREAD:-}" ] && echo ", spread: $SPREAD") }
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
 YAML
   "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &

@@ -10,7 +10,8 @@
 # one at saturation (SAT_CONNECTIONS x SAT_WINDOW). The agents, loadgen and the baselines come
 # from BUILD_DIR; each version's server is its SNIC_BINARY. `engine_threads` is left out of the
 # config, so each version runs its own default. SIZES_NAME (e.g. SIZES_old="1024") gives one
-# version other sizes. threads_report.py RESULTS_DIR then writes threads.json, threads.md and,
+# version other sizes, and SPREAD_NAME (flows or datagrams) another UDP `spread`, so that one
+# binary can run as two versions (flows=BIN datagrams=BIN). threads_report.py RESULTS_DIR then writes threads.json, threads.md and,
 # with matplotlib, the plots.
 #
 # Knobs (environment; the rest pass through to run.sh): IO_THREADS ("2 4 8 12 16 24 32"),
@@ -82,8 +83,10 @@ for n in $counts; do
   for spec in "${order[@]}"; do
     name=${spec%%=*}
     var="SIZES_$name"
+    spread_var="SPREAD_$name"
     echo "== $name, io_threads $n"
-    THREADS=$n SIZES=${!var:-$sizes} SNIC=${spec#*=} CARACAL_COMMIT="$name" \
+    THREADS=$n SIZES=${!var:-$sizes} SPREAD=${!spread_var:-${SPREAD:-}} SNIC=${spec#*=} \
+      CARACAL_COMMIT="$name" \
       "$here/run.sh" "$build" "$results/$name/t$n" 2>&1 | grep -E 'saturation|latency|done|run.sh' ||
       failed=$((failed + 1))
   done

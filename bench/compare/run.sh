@@ -32,7 +32,10 @@
 # aim (Caracal's p50 over the CPU server's) is read from the median of the rounds. CPU cores used by
 # each server's processes (utime + stime from /proc/PID/stat over each run's wall time; for
 # Caracal, snic_server and the agent together; and, as process_cores, the first process alone:
-# snic_server without its agent) are recorded with every point.
+# snic_server without its agent) are recorded with every point; for Caracal also
+# engine_idle_cores, the seconds per second its engine threads spent without work
+# (caracal_engine_idle_seconds_total over the run), so that I/O threads minus it is the share of
+# its polling threads that worked.
 #
 # Everything is verified by caracal_loadgen as it runs (a wrong reply is an error in the JSON).
 # Results: RESULTS_DIR/raw/ (every loadgen JSON, sockperf output, server logs),
@@ -354,6 +357,8 @@ point() {
   fi
   local hold_before=
   [ "$HOLDING" = 1 ] && hold_before=$(hold_stat)
+  local idle0
+  idle0=$(engine_idle_seconds)
   t0=$(ticks)
   p0=$(ticks "${SERVER_PIDS[0]}")
   w0=$(date +%s.%N)
@@ -374,6 +379,12 @@ point() {
   w1=$(date +%s.%N)
   t1=$(ticks)
   p1=$(ticks "${SERVER_PIDS[0]}")
+  local idle_cores=null idle1
+  idle1=$(engine_idle_seconds)
+  if [ -n "$idle0" ] && [ -n "$idle1" ]; then
+    idle_cores=$(awk -v a="$w0" -v b="$w1" -v i0="$idle0" -v i1="$idle1" \
+      'BEGIN { printf "%.3f", (i1 - i0) / (b - a) }')
+  fi
   if [ -n "$perf_pid" ]; then
     perf_command "$perf_ctl" "$perf_ack" stop || kill -INT "$perf_pid" 2>/dev/null
     wait "$perf_pid" || true
@@ -404,9 +415,9 @@ point() {
       "$HOLD_TO" "$HOLD_CORES" "$THREADS" "$HOLD_PERIOD_US" \
       "\"periods\":$(($3 - $1)),\"throttled\":$(($4 - $2))")
   fi
-  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s",%s%s"loadgen_rc":%d,"cpu_cores":%s,"process_cores":%s,"threads":%s,"json":"%s"}\n' \
+  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s",%s%s"loadgen_rc":%d,"cpu_cores":%s,"process_cores":%s,"engine_idle_cores":%s,"threads":%s,"json":"%s"}\n' \
     "$server" "$handler" "$proto" "$size" "$kind" "${ROUND:+\"round\":$ROUND,}" "$hold" "$rc" \
-    "$cores" "$process_cores" "$threads" "$name.json" >>"$POINTS"
+    "$cores" "$process_cores" "$idle_cores" "$threads" "$name.json" >>"$POINTS"
   log "$name: $(head -1 "$RAW/$name.out") [server cores $cores]"
   [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
 }
@@ -432,6 +443,15 @@ sockperf_point() {
   printf '{"server":"%s","handler":"echo","proto":"udp","size":%s,"kind":"%s",%s"sockperf_rc":%d,"cpu_cores":%s,"sockperf":"%s"}\n' \
     "$server" "$size" "$kind" "${ROUND:+\"round\":$ROUND,}" "$rc" "$cores" "$name.txt" >>"$POINTS"
   log "$name: $(grep -m1 -E 'Summary: (Round trip|Latency)' "$RAW/$name.txt" || echo "sockperf exited $rc")"
+}
+
+# engine_idle_seconds: caracal_engine_idle_seconds_total summed over snic_server's engine
+# threads (seconds its polling threads found no work); empty for the other servers, or when the
+# scrape fails.
+engine_idle_seconds() {
+  [ -n "${METRICS_PORT:-}" ] || return 0
+  curl -sf -m 5 "http://127.0.0.1:$METRICS_PORT/metrics" 2>/dev/null |
+    awk '/^caracal_engine_idle_seconds_total\{/ { s += $2; n++ } END { if (n) printf "%.6f", s }'
 }
 
 # save_metrics NAME: snic_server's own counters over the session so far, for the record

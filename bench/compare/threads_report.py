@@ -51,6 +51,10 @@ def rows(runs):
                 "server_cores": p.get("process_cores"),
                 "server_and_agent_cores": p.get("cpu_cores"),
                 "thread_cores": p.get("threads") or {},
+                # The I/O threads' time that served (each hosts an engine thread by default):
+                # their count less the seconds per second they found no work.
+                "busy_cores": (max(0.0, threads - p["engine_idle_cores"])
+                               if p.get("engine_idle_cores") is not None else None),
                 "p50_us": lat.get("p50_ns", 0) / 1000 if lat.get("p50_ns") else None,
                 "p99_us": lat.get("p99_ns", 0) / 1000 if lat.get("p99_ns") else None,
                 "errors": (p.get("counts") or {}).get("wrong", 0),
@@ -64,6 +68,12 @@ def per_core(r):
     if not r or not r.get("rps") or not r.get("server_cores"):
         return None
     return r["rps"] / r["server_cores"]
+
+
+def per_busy_core(r):
+    if not r or not r.get("rps") or not r.get("busy_cores"):
+        return None
+    return r["rps"] / r["busy_cores"]
 
 
 def k(v):
@@ -104,20 +114,30 @@ def markdown(run_facts, table, versions, args):
             continue
         out.append(f"## {handler}, {proto.upper()} {size} B")
         out.append("")
+        busy = any(r.get("busy_cores") is not None for r in sat.values())
         head = "| io_threads |"
         for v in have:
-            head += f" {v}: req/s | {v}: cores | {v}: req/s per core | {v}: p50 at 1 connection |"
+            head += f" {v}: req/s | {v}: cores | {v}: req/s per core |"
+            if busy:
+                head += f" {v}: busy cores | {v}: req/s per busy core |"
+            head += f" {v}: p50 at 1 connection |"
         out.append(head)
-        out.append("|" + " --- |" * (1 + 4 * len(have)))
+        out.append("|" + " --- |" * (1 + (6 if busy else 4) * len(have)))
         for t in counts:
             line = f"| {t} |"
             for v in have:
                 r = sat.get((v, t))
-                pc = per_core(r)
-                line += (f" {k(r and r['rps'])} | {f2(r and r['server_cores'])} | "
-                         f"{k(pc)} | {f2(lat.get((v, t), {}).get('p50_us'))} us |")
+                line += f" {k(r and r['rps'])} | {f2(r and r['server_cores'])} | {k(per_core(r))} |"
+                if busy:
+                    line += f" {f2(r and r.get('busy_cores'))} | {k(per_busy_core(r))} |"
+                line += f" {f2(lat.get((v, t), {}).get('p50_us'))} us |"
             out.append(line)
         out.append("")
+        if busy:
+            out.append("Busy cores: the I/O threads (each runs an engine thread) less the seconds "
+                       "per second they spent in rounds without work, spinning or asleep "
+                       "(`caracal_engine_idle_seconds_total` over the point).")
+            out.append("")
 
     # The ceiling per core: the best requests per second per server core at saturation of the
     # last version named (the new one), with the I/O thread count it was reached at.

@@ -46,9 +46,24 @@ done
 errors=$(metric 'caracal_service_errors_total')
 [ "$errors" -eq 0 ] || fail "the service answered $errors errors"
 # With no traffic, the I/O threads stop spinning and sleep (5 ms at a time), and say so.
+# Their time without work counts as idle, per thread (wall time: a thread descheduled while it
+# idles still idles, so a loaded machine does not shorten it).
 slept=$(metric caracal_engine_sleeps_total)
+idle_before=$(metric caracal_engine_idle_seconds_total)
+t0=$(date +%s.%N)
 sleep 0.3
 idle_slept=$(metric caracal_engine_sleeps_total)
+idle_after=$(metric caracal_engine_idle_seconds_total)
+t1=$(date +%s.%N)
 echo "engine sleeps: $slept after the runs, $idle_slept after 0.3 s without traffic"
 [ "$idle_slept" -gt "$slept" ] || fail "the idle I/O threads never slept (caracal_engine_sleeps_total $slept, then $idle_slept)"
+scrape=$(curl -sf "http://127.0.0.1:$METRICS_PORT/metrics") || fail "the metrics endpoint did not answer"
+for t in 0 1; do
+  grep -q "^caracal_engine_idle_seconds_total{thread=\"$t\"} " <<<"$scrape" ||
+    fail "no caracal_engine_idle_seconds_total for I/O thread $t"
+done
+echo "engine idle seconds: $idle_before, then $idle_after over $(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }') s"
+awk -v a="$idle_before" -v b="$idle_after" -v t0="$t0" -v t1="$t1" \
+  'BEGIN { exit !(b - a >= 2 * 0.3 * 0.8 && b - a <= 2 * (t1 - t0) + 0.01) }' ||
+  fail "2 idle I/O threads counted $idle_before, then $idle_after idle seconds over $t0..$t1, not about 0.6"
 echo "PASS"

@@ -886,5 +886,48 @@ TEST(HostedEngine, AHandlerThatEndsTheSleepIsWorkAndTheThreadSpinsAgain) {
   host.join();
 }
 
+// caracal_engine_idle_seconds_total's source: a hosted thread's time without work counts, the
+// time its host spends in handlers does not. The handler below keeps the thread 300 ms; the
+// idle time over the same stretch must fall short of the wall time by about as much. Bounds
+// are wide (a loaded machine or a sanitizer stretches the wall time, never the handler's).
+TEST(HostedEngine, IdleSecondsLeaveOutTheHostsHandlers) {
+  using Clock = std::chrono::steady_clock;
+  ReplyTable replies(64);
+  boost::asio::io_context io(1);
+  Engine engine(replies, EngineOptions{.threads = 1});
+  engine.host(0, io);
+  engine.start();
+  std::thread host([&] {
+    auto guard = boost::asio::make_work_guard(io);
+    engine.run_hosted(0);
+  });
+  // Nothing to do: the thread's time is idle time.
+  for (int i = 0; i < 1000 && engine.idle_seconds(0) < 0.1; ++i)
+    std::this_thread::sleep_for(10ms);
+  const Clock::time_point t1 = Clock::now();
+  const double idle1 = engine.idle_seconds(0);
+  EXPECT_GE(idle1, 0.1);
+  // The first handler may end a sleep (that one counts as idle); the next is work.
+  std::promise<void> done;
+  boost::asio::post(io, [] {});
+  boost::asio::post(io, [&] {
+    const Clock::time_point until = Clock::now() + 300ms;
+    while (Clock::now() < until) {
+    }
+    done.set_value();
+  });
+  done.get_future().get();
+  std::this_thread::sleep_for(50ms);
+  const double idle2 = engine.idle_seconds(0);
+  const double wall = std::chrono::duration<double>(Clock::now() - t1).count();
+  EXPECT_LE(idle2 - idle1, wall - 0.25) << "the handler's 300 ms counted as idle";
+  EXPECT_GE(idle2 - idle1, 0.02) << "the 50 ms after the handler not counted as idle";
+  EXPECT_LE(engine.idle_seconds(0),
+            std::chrono::duration<double>(Clock::now() - t1).count() + idle1 + 0.001);
+  engine.stop();
+  io.stop();
+  host.join();
+}
+
 }  // namespace
 }  // namespace caracal::server

@@ -168,6 +168,38 @@ TEST(Metrics, CallbacksAreReadAtScrapeAndRemoved) {
   EXPECT_NE(r.render().find("ring_occupancy{agent=\"a\"} 1.5\n"), std::string::npos);
 }
 
+TEST(Metrics, ACounterCallbackIsACounterReadAtScrape) {
+  Registry r;
+  double seconds = 0.25;
+  const uint64_t id = r.counter_callback("busy_seconds_total", "Seconds busy.", {{"thread", "0"}},
+                                         [&] { return seconds; });
+  std::string text = r.render();
+  EXPECT_NE(text.find("# TYPE busy_seconds_total counter\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("busy_seconds_total{thread=\"0\"} 0.25\n"), std::string::npos) << text;
+  seconds = 3.5;
+  EXPECT_NE(r.render().find("busy_seconds_total{thread=\"0\"} 3.5\n"), std::string::npos);
+  // A plain counter of the same family has series of its own; not these labels.
+  r.counter("busy_seconds_total", "Seconds busy.", {{"thread", "1"}}).inc(2);
+  EXPECT_NE(r.render().find("busy_seconds_total{thread=\"1\"} 2\n"), std::string::npos);
+  EXPECT_THROW(r.counter("busy_seconds_total", "Seconds busy.", {{"thread", "0"}}),
+               std::logic_error);
+  EXPECT_THROW(r.counter_callback("busy_seconds_total", "Seconds busy.", {{"thread", "0"}},
+                                  [] { return 0.0; }),
+               std::logic_error);
+  // Neither a gauge's name nor an empty function.
+  r.gauge("occupancy", "Slots in use.").set(1);
+  try {
+    r.counter_callback("occupancy", "Slots in use.", {}, [] { return 0.0; });
+    ADD_FAILURE() << "a gauge's name was taken for a counter";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a gauge, not a counter"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(r.counter_callback("other_total", "Other.", {}, nullptr), std::invalid_argument);
+  r.remove_callback(id);
+  EXPECT_EQ(r.render().find("thread=\"0\""), std::string::npos);
+}
+
 TEST(Metrics, LatencyBucketsSpanOneMicrosecondToOneSecond) {
   const std::vector<double> b = latency_buckets_seconds();
   ASSERT_GE(b.size(), 10u);

@@ -251,7 +251,11 @@ Counter& Registry::counter(const std::string& name, const std::string& help, con
   Family& f = family_locked(name, help, Type::kCounter, nullptr);
   bool created = false;
   Series& s = series_locked(f, labels, &created);
-  if (created) s.counter = std::make_unique<Counter>();
+  if (created) {
+    s.counter = std::make_unique<Counter>();
+  } else if (!s.counter) {
+    throw std::logic_error("counter '" + name + "': these labels belong to a callback counter");
+  }
   return *s.counter;
 }
 
@@ -284,16 +288,25 @@ Histogram& Registry::histogram(const std::string& name, const std::string& help,
 
 uint64_t Registry::gauge_callback(const std::string& name, const std::string& help,
                                   const Labels& labels, std::function<double()> fn) {
-  if (!fn) throw std::invalid_argument("gauge callback '" + name + "' has no function");
+  return callback(name, help, labels, Type::kGauge, std::move(fn));
+}
+
+uint64_t Registry::counter_callback(const std::string& name, const std::string& help,
+                                    const Labels& labels, std::function<double()> fn) {
+  return callback(name, help, labels, Type::kCounter, std::move(fn));
+}
+
+uint64_t Registry::callback(const std::string& name, const std::string& help, const Labels& labels,
+                            Type type, std::function<double()> fn) {
+  const std::string what =
+      std::string(type_name(static_cast<int>(type))) + " callback '" + name + "'";
+  if (!fn) throw std::invalid_argument(what + " has no function");
   check_labels(name, labels, false);
   std::lock_guard lock(mutex_);
-  Family& f = family_locked(name, help, Type::kGauge, nullptr);
+  Family& f = family_locked(name, help, type, nullptr);
   bool created = false;
   Series& s = series_locked(f, labels, &created);
-  if (!created) {
-    throw std::logic_error("gauge callback '" + name +
-                           "': a series with these labels is already registered");
-  }
+  if (!created) throw std::logic_error(what + ": a series with these labels is already registered");
   s.callback = std::move(fn);
   const uint64_t id = next_callback_id_++;
   callbacks_.emplace(id, std::make_pair(&f, series_key(labels)));

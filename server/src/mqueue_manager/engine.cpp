@@ -137,6 +137,10 @@ int64_t Engine::in_flight(uint32_t thread) const {
   return threads_[thread]->in_flight();
 }
 
+double Engine::idle_seconds(uint32_t thread) const {
+  return threads_.at(thread)->idle_seconds();
+}
+
 int64_t Engine::in_flight() const {
   int64_t n = 0;
   for (const auto& t : threads_)

@@ -293,14 +293,21 @@ void EngineThread::finish() {
 void EngineThread::run() {
   owner_.enter();
   uint32_t idle_rounds = 0;
-  for (RoundOutcome r; (r = round()) != RoundOutcome::kStopping;) {
+  for (;;) {
+    // While idle, when this round began: where the idle run ends if the round finds work.
+    const Clock::time_point looked = idle_time_.idle() ? Clock::now() : Clock::time_point{};
+    const RoundOutcome r = round();
+    if (r == RoundOutcome::kStopping) break;
     if (r == RoundOutcome::kBusy) {
       idle_rounds = 0;
+      if (idle_time_.idle()) idle_time_.end(looked);
     } else {
+      if (!idle_time_.idle()) idle_time_.begin(Clock::now());
       prof::Scope t(prof::kIdle);
       idle(++idle_rounds);
     }
   }
+  idle_time_.end(Clock::now());
   finish();
   owner_.leave();
 }
@@ -320,6 +327,9 @@ void EngineThread::run_hosted() {
     prof::thread_begin();
     uint32_t idle_rounds = 0;
     for (;;) {
+      // While idle, when this turn began: where the idle run ends if the turn finds work (a
+      // clock read per turn without work, none per turn with it).
+      const Clock::time_point looked = idle_time_.idle() ? Clock::now() : Clock::time_point{};
       // The host's ready handlers (received requests, replies to write), without waiting.
       const size_t handled = io.poll();
       if (io.stopped()) break;
@@ -327,7 +337,11 @@ void EngineThread::run_hosted() {
       if (r == RoundOutcome::kStopping) break;
       if (r == RoundOutcome::kBusy || handled > 0) {
         idle_rounds = 0;
+        if (idle_time_.idle()) idle_time_.end(looked);
       } else {
+        // A handler that the host runs inside idle() (below, the one that ends a sleep) counts
+        // as idle time; the handlers after it run in the next turn's io.poll(), as work.
+        if (!idle_time_.idle()) idle_time_.begin(Clock::now());
         prof::Scope t(prof::kIdle);
         // A handler that ended the wait (a socket's request, a wake-up) was work like one that
         // io.poll() ran: the thread spins again before its next sleep. Otherwise a thread that
@@ -336,6 +350,7 @@ void EngineThread::run_hosted() {
         if (idle(++idle_rounds)) idle_rounds = 0;
       }
     }
+    idle_time_.end(Clock::now());
     finish();
     prof::thread_end();
     Engine::hosted_index_ = -1;  // dispatch no longer favours this thread's queues

@@ -88,6 +88,8 @@ class EngineThread {
   void notify();
   int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
   uint32_t index() const { return index_; }
+  // Seconds spent in rounds without work so far (IdleTime::seconds()); any thread.
+  double idle_seconds() const { return idle_time_.seconds(Clock::now()); }
 
   // Routes one answer (a reply, or a failure) to its client and reports it to `events` (the
   // region's service; may be null). The sink may hold it until flush_replies(). Owner thread
@@ -138,6 +140,7 @@ class EngineThread {
   const uint32_t index_;
   OwnerThread owner_;
   IdlePolicy idle_policy_;  // owner thread only
+  IdleTime idle_time_;      // written by the owner thread, read by scrapes
   std::thread thread_;
   boost::asio::io_context* host_ = nullptr;  // hosted mode only; set before start()
   // Between start() and join(); used by the thread that starts and stops the engine only. A

@@ -60,4 +60,47 @@ class IdlePolicy {
   std::optional<Clock::time_point> spin_short_until_;
 };
 
+// Time an engine thread spent in rounds without work (spinning, yielding, napping, asleep), for
+// caracal_engine_idle_seconds_total: a polling thread's CPU time reads as busy whether it works
+// or waits for work, and this tells the two apart. The owner thread marks where each run of
+// rounds without work begins and ends (two clock reads a run, none a round); a scrape, on any
+// thread, adds the run under way.
+class IdleTime {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Owner thread: a round found no work after one that did (or after the start).
+  void begin(Clock::time_point now) {
+    since_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  // Owner thread: a round found work after rounds that found none; no-op when not idle.
+  void end(Clock::time_point now) {
+    const int64_t since = since_ns_.load(std::memory_order_relaxed);
+    if (since == 0) return;
+    // The run leaves since_ns_ before it enters total_ns_ (release: a scrape that reads the new
+    // total reads since_ns_ as 0, or as a later run's start), so no scrape counts it twice.
+    since_ns_.store(0, std::memory_order_relaxed);
+    total_ns_.store(
+        total_ns_.load(std::memory_order_relaxed) + now.time_since_epoch().count() - since,
+        std::memory_order_release);
+  }
+  bool idle() const { return since_ns_.load(std::memory_order_relaxed) != 0; }  // owner thread
+
+  // Any thread. A run that ends between the two reads below is left out of this reading (its
+  // start is gone, its total not read): a reading may fall short by one run and must not be
+  // taken as a floor (the server's metric keeps the greatest reading; server.cpp).
+  double seconds(Clock::time_point now) const {
+    const int64_t total = total_ns_.load(std::memory_order_acquire);  // pairs with end()
+    const int64_t since = since_ns_.load(std::memory_order_relaxed);
+    const int64_t running = since == 0 ? 0 : now.time_since_epoch().count() - since;
+    return static_cast<double>(total + (running > 0 ? running : 0)) * 1e-9;
+  }
+
+ private:
+  // Written by the owner thread only. A steady_clock reading is never 0 once the system is up,
+  // so 0 says "not idle".
+  std::atomic<int64_t> total_ns_{0};
+  std::atomic<int64_t> since_ns_{0};
+};
+
 }  // namespace caracal::server

@@ -76,6 +76,9 @@ class Server {
   std::unique_ptr<ControlEndpoint> control_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::vector<std::thread> threads_;
+  // caracal_engine_idle_seconds_total, one series per engine thread: removed in ~Server, before
+  // the engine they read goes.
+  std::vector<uint64_t> idle_callbacks_;
   bool started_ = false;
   bool stopped_ = false;
 };

@@ -121,6 +121,10 @@ class Registry {
   // remove_callback().
   uint64_t gauge_callback(const std::string& name, const std::string& help, const Labels& labels,
                           std::function<double()> fn);
+  // The same for a counter kept elsewhere (e.g. seconds spent, as a double): `fn` must never
+  // return less than it returned before.
+  uint64_t counter_callback(const std::string& name, const std::string& help, const Labels& labels,
+                            std::function<double()> fn);
   // Once this returns, the callback is not running and will not run again, so what it reads
   // may be freed. An unknown or already removed id is ignored.
   void remove_callback(uint64_t id);
@@ -139,6 +143,10 @@ class Registry {
                         const std::vector<double>* bounds);
   // The series of `labels` in `family`, created empty if new. Caller holds mutex_.
   Series& series_locked(Family& family, const Labels& labels, bool* created);
+
+  // gauge_callback() and counter_callback().
+  uint64_t callback(const std::string& name, const std::string& help, const Labels& labels,
+                    Type type, std::function<double()> fn);
 
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<Family>> families_;

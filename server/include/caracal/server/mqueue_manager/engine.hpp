@@ -132,6 +132,10 @@ class Engine {
   // Requests in flight on one thread's queues (a relaxed read: a hint for dispatch).
   int64_t in_flight(uint32_t thread) const;
   uint32_t threads() const { return static_cast<uint32_t>(threads_.size()); }
+  // Seconds `thread` has spent in rounds without work (spinning, yielding or asleep) since it
+  // started: its share of a polling core that waited rather than worked. Any thread; a reading
+  // may fall short by the run of idle rounds that ended while it was taken.
+  double idle_seconds(uint32_t thread) const;
   // The thread that serves `queue` of `region` (see the top of this file).
   uint32_t thread_of(const AgentRegion& region, uint32_t queue) const;
 

@@ -45,7 +45,9 @@
 # Knobs (environment): DURATION (s per point, 2), WARMUP (s, 0.5), THREADS (4), SIZES
 # ("64 1024 16384"), LOADGEN_THREADS (8: a thread per connection; with 4 the client limited
 # some 16 KiB points), SAT_CONNECTIONS (8), SAT_WINDOW (16), OPEN_SIZES
-# ("1024"; set and empty: none), OPEN_FRACTIONS ("0.25 0.5 0.75 0.9 1.1"), BATCH (64), BATCH_TIMEOUT_US (20),
+# ("1024"; set and empty: none), OPEN_FRACTIONS ("0.25 0.5 0.75 0.9 1.1"; set and empty: none),
+# OPEN_RATES (open loop at these requests per second too, the same for every server and
+# point, as kind open-at-RATE; none), BATCH (64), BATCH_TIMEOUT_US (20),
 # CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (the agent's gpu.workers; 0: one per
 # queue), CPU_WORKERS (cpu.workers, 1), SOCKPERF (path; else PATH, else build-debs/*.deb),
 # SERVERS (of "caracal host_centric cpu"; default: every one built), SNIC (the snic_server
@@ -92,7 +94,8 @@ LOADGEN_THREADS=${LOADGEN_THREADS:-8}
 SAT_CONNECTIONS=${SAT_CONNECTIONS:-8}
 SAT_WINDOW=${SAT_WINDOW:-16}
 OPEN_SIZES=${OPEN_SIZES-"1024"}  # set and empty: no open-loop points
-OPEN_FRACTIONS=${OPEN_FRACTIONS:-"0.25 0.5 0.75 0.9 1.1"}
+OPEN_FRACTIONS=${OPEN_FRACTIONS-"0.25 0.5 0.75 0.9 1.1"}
+OPEN_RATES=${OPEN_RATES:-}
 BATCH=${BATCH:-64}
 BATCH_TIMEOUT_US=${BATCH_TIMEOUT_US:-20}
 AGENT_QUEUES=${AGENT_QUEUES:-8}
@@ -528,6 +531,11 @@ for handler in $HANDLERS; do
                   --threads "$LOADGEN_THREADS"
               done
             fi
+            for rate in $OPEN_RATES; do
+              point "$server" "$handler" "$proto" "$size" "open-at-$rate" --mode open \
+                --rate "$rate" --connections "$SAT_CONNECTIONS" --window "$SAT_WINDOW" \
+                --threads "$LOADGEN_THREADS"
+            done
             ;;
         esac
       done
@@ -602,7 +610,7 @@ fi
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"low_load_servers\": \"$LOW_LOAD_SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

@@ -15,7 +15,7 @@
 # with matplotlib, the plots.
 #
 # Knobs (environment; the rest pass through to run.sh): IO_THREADS ("2 4 8 12 16 24 32"),
-# HANDLERS (matvec), SIZES (1024), SAT_CONNECTIONS (16), SAT_WINDOW (16), LOADGEN_THREADS (16),
+# HANDLERS (matvec), SIZES (1024), OPEN_RATES (none; e.g. "500000 1000000"), SAT_CONNECTIONS (16), SAT_WINDOW (16), LOADGEN_THREADS (16),
 # AGENT_QUEUES (16), DURATION (1), WARMUP (0.3), PIN (halves: the server and its agent on the
 # hyperthreads of the first half of the physical cores, the client on the rest, through
 # run.sh's SERVER_CPUS and CLIENT_CPUS; server:N: the first N physical cores to the server and
@@ -36,7 +36,10 @@ export LOADGEN_THREADS=${LOADGEN_THREADS:-16}
 export AGENT_QUEUES=${AGENT_QUEUES:-16}
 export DURATION=${DURATION:-1}
 export WARMUP=${WARMUP:-0.3}
-export OPEN_SIZES="" LOW_LOAD_ROUNDS=0 SERVERS=caracal
+# OPEN_RATES: open-loop points at these request rates at every thread count, for the cores
+# that the same load takes (the sizes of SIZES); no fractions of saturation.
+export OPEN_SIZES="" OPEN_FRACTIONS="" LOW_LOAD_ROUNDS=0 SERVERS=caracal
+[ -n "${OPEN_RATES:-}" ] && export OPEN_SIZES=${SIZES:-1024} OPEN_RATES
 unset ENGINE_THREADS
 case "${PIN:-}" in
   "" | halves) ;;

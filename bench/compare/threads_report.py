@@ -41,7 +41,8 @@ def rows(runs):
     out = []
     for (name, threads), run in runs.items():
         for p in run["points"]:
-            if p.get("server") != "caracal" or p["kind"] not in ("saturation", "latency"):
+            if p.get("server") != "caracal" or not (p["kind"] in ("saturation", "latency") or
+                                                    p["kind"].startswith("open-at-")):
                 continue
             lat = p.get("latency") or {}
             out.append({
@@ -74,6 +75,10 @@ def per_busy_core(r):
     if not r or not r.get("rps") or not r.get("busy_cores"):
         return None
     return r["rps"] / r["busy_cores"]
+
+
+def f3(v):
+    return "-" if v is None else f"{v:.2f}"
 
 
 def k(v):
@@ -138,6 +143,43 @@ def markdown(run_facts, table, versions, args):
                        "per second they spent in rounds without work, spinning or asleep "
                        "(`caracal_engine_idle_seconds_total` over the point).")
             out.append("")
+
+    # OPEN_RATES: the same offered load at every thread count; what it cost.
+    for handler, proto, size in keys:
+        opened = [r for r in table if (r["handler"], r["proto"], r["size"]) ==
+                  (handler, proto, size) and r["kind"].startswith("open-at-")]
+        rates = sorted({int(r["kind"][len("open-at-"):]) for r in opened})
+        if not rates:
+            continue
+        out.append(f"## The same load at every thread count: {handler}, {proto.upper()} {size} B")
+        out.append("")
+        out.append("Open loop at a fixed rate: the cores it took and the busy time per request "
+                   "(busy cores / req/s), by io_threads. Equal busy time per request at every "
+                   "count: more threads cost nothing per request; more threads than the load "
+                   "needs wait (idle) rather than work.")
+        out.append("")
+        head = "| io_threads |"
+        for v in versions:
+            for rate in rates:
+                head += (f" {v} at {k(rate)}: req/s | cores | busy cores | busy us per request |"
+                         " p99 |")
+        out.append(head)
+        out.append("|" + " --- |" * (1 + 5 * len(versions) * len(rates)))
+        counts = sorted({r["io_threads"] for r in opened})
+        for t in counts:
+            line = f"| {t} |"
+            for v in versions:
+                for rate in rates:
+                    r = next((x for x in opened if (x["version"], x["io_threads"], x["kind"]) ==
+                              (v, t, f"open-at-{rate}")), None)
+                    us = (r["busy_cores"] / r["rps"] * 1e6
+                          if r and r.get("busy_cores") is not None and r.get("rps") else None)
+                    p99 = r and r.get("p99_us")
+                    line += (f" {k(r and r['rps'])} | {f2(r and r['server_cores'])} | "
+                             f"{f3(r and r.get('busy_cores'))} | {f2(us)} | "
+                             f"{'-' if p99 is None else f'{p99:,.0f} us'} |")
+            out.append(line)
+        out.append("")
 
     # The ceiling per core: the best requests per second per server core at saturation of the
     # last version named (the new one), with the I/O thread count it was reached at.

@@ -48,7 +48,8 @@
 # ("1024"; set and empty: none), OPEN_FRACTIONS ("0.25 0.5 0.75 0.9 1.1"; set and empty: none),
 # OPEN_RATES (open loop at these requests per second too, the same for every server and
 # point, as kind open-at-RATE; none), BATCH (64), BATCH_TIMEOUT_US (20),
-# CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (the agent's gpu.workers; 0: one per
+# CARACAL_ACCEL (gpu:0), AGENTS (Caracal's agents, 1; several on a GPU: agent i on gpu:i),
+# AGENT_QUEUES (8, each), GPU_WORKERS (the agent's gpu.workers; 0: one per
 # queue), CPU_WORKERS (cpu.workers, 1), SOCKPERF (path; else PATH, else build-debs/*.deb),
 # SERVERS (of "caracal host_centric cpu"; default: every one built), SNIC (the snic_server
 # binary; another build's, to compare two versions of the server in one session), LOADGEN_ARGS
@@ -280,25 +281,41 @@ YAML
       UDP_PORT=$(sed -nE 's#.*listening on udp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$log-server.log" | head -1)
       TCP_PORT=$(sed -nE 's#.*listening on tcp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$log-server.log" | head -1)
       METRICS_PORT=$(sed -nE 's/.*metrics on http:.*:([0-9]+)\/metrics.*/\1/p' "$log-server.log")
-      cat >"$log-agent.yaml" <<YAML
-agent: bench-$handler
+      # AGENTS agents, each with AGENT_QUEUES queues; with several on a GPU accelerator, agent
+      # i on gpu:i.
+      local i accel apids=()
+      for ((i = 0; i < ${AGENTS:-1}; i++)); do
+        accel=$CARACAL_ACCEL
+        [ "${AGENTS:-1}" -gt 1 ] && [ "${CARACAL_ACCEL#gpu}" != "$CARACAL_ACCEL" ] && accel=gpu:$i
+        local alog=$log-agent
+        [ "$i" -gt 0 ] && alog=$log-agent$i
+        cat >"$alog.yaml" <<YAML
+agent: bench-$handler$([ "$i" -gt 0 ] && echo "-$i")
 server: 127.0.0.1:$control
 secret: $SECRET
-accelerator: $CARACAL_ACCEL
+accelerator: $accel
 transport: shm
 log_level: info
 cpu: { workers: ${CPU_WORKERS:-1} }
-$([ "${CARACAL_ACCEL#gpu}" != "$CARACAL_ACCEL" ] && echo "gpu: { workers: ${GPU_WORKERS:-0} }")
+$([ "${accel#gpu}" != "$accel" ] && echo "gpu: { workers: ${GPU_WORKERS:-0} }")
 reconnect_interval_ms: 100
 services:
   - { name: $handler, queues: $AGENT_QUEUES, ring_capacity: ${AGENT_RING_CAPACITY:-512}, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE${RX_LINES:+, rx_lines: $RX_LINES}${TX_LINES:+, tx_lines: $TX_LINES}$(client_queues "$handler") }
 YAML
-      launch "${AGENT[$handler]}" --config "$log-agent.yaml" >"$log-agent.log" 2>&1 &
-      local apid=$!
-      PIDS+=("$apid")
-      wait_for_line "$log-agent.log" "serving [0-9]+ service" 60 || return 1
-      wait_for_line "$log-server.log" "region for service .* attached" 20 || return 1
-      SERVER_PIDS=("$spid" "$apid")
+        launch "${AGENT[$handler]}" --config "$alog.yaml" >"$alog.log" 2>&1 &
+        apids+=($!)
+        PIDS+=($!)
+        wait_for_line "$alog.log" "serving [0-9]+ service" 60 || return 1
+      done
+      local attached=0
+      for _ in $(seq 200); do
+        attached=$(grep -cE "region for service .* attached" "$log-server.log")
+        [ "$attached" -ge "${AGENTS:-1}" ] && break
+        sleep 0.1
+      done
+      [ "$attached" -ge "${AGENTS:-1}" ] ||
+        { echo "run.sh: $attached of ${AGENTS:-1} agents attached within 20 s" >&2; return 1; }
+      SERVER_PIDS=("$spid" "${apids[@]}")
       ;;
     host_centric | cpu)
       local bin=$CPU_SERVER extra=()
@@ -610,7 +627,7 @@ fi
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"low_load_servers\": \"$LOW_LOAD_SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"agents\": ${AGENTS:-1}, \"gpu_workers\": ${GPU_WORKERS:-0}, \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

@@ -93,8 +93,11 @@ def markdown(run_facts, table, versions, args):
     out = ["# snic_server: throughput and cores against io_threads", ""]
     out.append(f"Machine: {run_facts.get('cpu_model', '?')}, {run_facts.get('online_cpus', '?')} "
                f"CPUs, {run_facts.get('gpu', '?')}; {run_facts.get('date_utc', '?')}. "
-               f"Versions: {', '.join(versions)}. One agent on gpu:0 over shm with "
-               f"{run_facts.get('params', {}).get('agent_queues', '?')} queues; saturation is "
+               f"Versions: {', '.join(versions)}. "
+               + ("One agent on gpu:0" if int(run_facts.get("params", {}).get("agents", 1)) == 1
+                  else f"{run_facts['params']['agents']} agents, agent i on gpu:i,")
+               + f" over shm with "
+               f"{run_facts.get('params', {}).get('agent_queues', '?')} queues each; saturation is "
                f"{run_facts.get('params', {}).get('sat_connections', '?')} connections x "
                f"{run_facts.get('params', {}).get('sat_window', '?')} in flight from "
                f"{run_facts.get('params', {}).get('loadgen_threads', '?')} client threads; "

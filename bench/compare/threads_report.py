@@ -263,24 +263,32 @@ def plot(results, table, versions):
     for handler, proto, size in keys:
         sat = [r for r in table if (r["handler"], r["proto"], r["size"], r["kind"]) ==
                (handler, proto, size, "saturation")]
-        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-        for v in versions:
+        fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
+        for i, v in enumerate(versions):
             pts = sorted((r["io_threads"], r) for r in sat if r["version"] == v and r["rps"])
             if not pts:
                 continue
+            color = f"C{i}"
             xs = [t for t, _ in pts]
-            a.plot(xs, [r["rps"] / 1000 for _, r in pts], marker="o", label=v)
-            b.plot(xs, [r["server_cores"] or 0 for _, r in pts], marker="o", label=v)
-        a.set_xlabel("io_threads")
+            a.plot(xs, [r["rps"] / 1000 for _, r in pts], marker="o", color=color, label=v)
+            b.plot(xs, [r["server_cores"] or 0 for _, r in pts], marker="o", color=color,
+                   label=f"{v}: cores")
+            c.plot(xs, [(per_core(r) or 0) / 1000 for _, r in pts], marker="o", color=color,
+                   label=f"{v}: per core")
+            busy = [(t, r) for t, r in pts if r.get("busy_cores")]
+            if busy:
+                b.plot([t for t, _ in busy], [r["busy_cores"] for _, r in busy], marker="x",
+                       linestyle="--", color=color, label=f"{v}: busy cores")
+                c.plot([t for t, _ in busy], [per_busy_core(r) / 1000 for _, r in busy],
+                       marker="x", linestyle="--", color=color, label=f"{v}: per busy core")
         a.set_ylabel("k requests/s at saturation")
-        a.set_ylim(bottom=0)
-        a.grid(alpha=0.3)
-        a.legend()
-        b.set_xlabel("io_threads")
         b.set_ylabel("snic_server cores")
-        b.set_ylim(bottom=0)
-        b.grid(alpha=0.3)
-        b.legend()
+        c.set_ylabel("k requests/s per core")
+        for ax in (a, b, c):
+            ax.set_xlabel("io_threads")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
         fig.suptitle(f"snic_server, {handler} over {proto.upper()} at {size} B")
         fig.tight_layout()
         path = os.path.join(results, f"threads-{handler}-{proto}-{size}.png")

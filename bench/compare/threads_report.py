@@ -89,14 +89,24 @@ def f2(v):
     return "-" if v is None else f"{v:.1f}"
 
 
+def agents_text(run_facts):
+    """Who served: one agent or several (run.sh's AGENTS), and on what."""
+    n = int((run_facts.get("params") or {}).get("agents", 1))
+    accel = run_facts.get("caracal_accelerator") or "gpu:0"
+    if n == 1:
+        return f"One agent on {accel}"
+    if accel.startswith("gpu"):
+        return f"{n} agents, agent i on gpu:i,"
+    return f"{n} agents on {accel},"
+
+
 def markdown(run_facts, table, versions, args):
     out = ["# snic_server: throughput and cores against io_threads", ""]
     out.append(f"Machine: {run_facts.get('cpu_model', '?')}, {run_facts.get('online_cpus', '?')} "
                f"CPUs, {run_facts.get('gpu', '?')}; {run_facts.get('date_utc', '?')}. "
                f"Versions: {', '.join(versions)}. "
-               + ("One agent on gpu:0" if int(run_facts.get("params", {}).get("agents", 1)) == 1
-                  else f"{run_facts['params']['agents']} agents, agent i on gpu:i,")
-               + f" over shm with "
+               + agents_text(run_facts)
+               + " over shm with "
                f"{run_facts.get('params', {}).get('agent_queues', '?')} queues each; saturation is "
                f"{run_facts.get('params', {}).get('sat_connections', '?')} connections x "
                f"{run_facts.get('params', {}).get('sat_window', '?')} in flight from "
@@ -313,7 +323,7 @@ def main():
     versions = sorted({n for n, _ in runs}, key=lambda n: (n != "old", n))
     facts = next(iter(runs.values()))
     facts = {key: facts.get(key) for key in ("date_utc", "gpu", "cpu_model", "online_cpus",
-                                             "kernel", "params")}
+                                             "caracal_accelerator", "kernel", "params")}
     json.dump({"facts": facts, "versions": versions, "points": table},
               open(os.path.join(args.results, "threads.json"), "w"), indent=1)
     text = markdown(facts, table, versions, args)

@@ -1,5 +1,19 @@
 # Shared by bench/compare's scripts (sourced).
 
+# release_build SRC BUILD LOG JOBS [-DOPTION...] -- TARGET...: a Release build of the tree SRC
+# in BUILD (Ninja, no tests), its output in LOG; on failure, LOG's tail on stderr and 1.
+release_build() {
+  local src=$1 build=$2 log=$3 jobs=$4 options=()
+  shift 4
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do options+=("$1"); shift; done
+  shift
+  { cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
+      "${options[@]}" && ninja -C "$build" -j "$jobs" "$@"; } >"$log" 2>&1 && return 0
+  echo "$(basename "$0"): the build in $build failed ($log):" >&2
+  tail -30 "$log" >&2
+  return 1
+}
+
 # wait_for_line FILE REGEX SECONDS: 0 once FILE has a line matching REGEX; otherwise, after
 # SECONDS, says so with the file's tail and returns 1.
 wait_for_line() {

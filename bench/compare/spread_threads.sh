@@ -21,19 +21,15 @@ lscpu >"$results/lscpu.txt" 2>&1 || true
 nvidia-smi -L >"$results/gpu.txt" 2>&1 || true
 git -C "$src" rev-parse HEAD >"$results/commit.txt" 2>/dev/null || true
 
+source "$src/bench/compare/lib.sh"  # release_build
 profile=${PROFILE_THREADS-"8 16"}
 if [ -n "$profile" ]; then
-  (cmake -S "$src" -B "$build-profile" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF -DCARACAL_ENGINE_PROFILE=ON \
-    >"$results/build-profile.log" 2>&1 &&
-    ninja -C "$build-profile" -j $((jobs / 2 + 1)) snic_server >>"$results/build-profile.log" 2>&1) &
+  release_build "$src" "$build-profile" "$results/build-profile.log" $((jobs / 2 + 1)) \
+    -DCARACAL_BUILD_BENCH=OFF -DCARACAL_ENGINE_PROFILE=ON -- snic_server &
   profile_build=$!
 fi
-cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
-  >"$results/build.log" 2>&1 &&
-  ninja -C "$build" -j $((jobs / 2 + 1)) snic_server caracal_loadgen caracal_cpu_server \
-    caracal_echo_agent caracal_matvec_agent >>"$results/build.log" 2>&1 ||
-  { echo "spread_threads.sh: the build failed" >&2; tail -30 "$results/build.log" >&2; exit 2; }
+release_build "$src" "$build" "$results/build.log" $((jobs / 2 + 1)) -- snic_server \
+  caracal_loadgen caracal_cpu_server caracal_echo_agent caracal_matvec_agent || exit 2
 
 snic=$(realpath "$build/server/snic_server")
 SPREAD_flows=flows SPREAD_datagrams=datagrams \
@@ -41,8 +37,7 @@ SPREAD_flows=flows SPREAD_datagrams=datagrams \
 failed=$?
 
 if [ -n "$profile" ]; then
-  wait "$profile_build" ||
-    { echo "spread_threads.sh: the profiling build failed" >&2; tail -30 "$results/build-profile.log" >&2; exit 2; }
+  wait "$profile_build" || exit 2
   for n in $profile; do
     SNIC="$build-profile/server/snic_server" THREADS=$n SPREAD=${PROFILE_SPREAD:-datagrams} \
       LOADGEN_THREADS=${LOADGEN_THREADS:-16} SAT_CONNECTIONS=${SAT_CONNECTIONS:-16} \

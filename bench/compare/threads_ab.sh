@@ -14,17 +14,13 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 export PATH=/usr/local/cuda/bin:$PATH
 mkdir -p "$results"
 jobs=$(nproc)
+source "$src/bench/compare/lib.sh"  # release_build
 # Both builds at once, each with half the cores.
-(cmake -S "$base" -B "$base/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF >"$results/build-old.log" 2>&1 &&
-  ninja -C "$base/build-ab" -j $((jobs / 2 + 1)) snic_server >>"$results/build-old.log" 2>&1) &
+release_build "$base" "$base/build-ab" "$results/build-old.log" $((jobs / 2 + 1)) \
+  -DCARACAL_BUILD_BENCH=OFF -- snic_server &
 old_build=$!
-cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
-  >"$results/build-new.log" 2>&1 &&
-  ninja -C "$build" -j $((jobs / 2 + 1)) snic_server caracal_loadgen caracal_cpu_server \
-    caracal_echo_agent caracal_matvec_agent >>"$results/build-new.log" 2>&1 ||
-  { echo "threads_ab.sh: this tree's build failed" >&2; tail -30 "$results/build-new.log" >&2; exit 2; }
-wait "$old_build" ||
-  { echo "threads_ab.sh: the baseline's build failed" >&2; tail -30 "$results/build-old.log" >&2; exit 2; }
+release_build "$src" "$build" "$results/build-new.log" $((jobs / 2 + 1)) -- snic_server \
+  caracal_loadgen caracal_cpu_server caracal_echo_agent caracal_matvec_agent || exit 2
+wait "$old_build" || exit 2
 "$src/bench/compare/threads.sh" "$build" "$results" \
   old="$base/build-ab/server/snic_server" new="$build/server/snic_server"

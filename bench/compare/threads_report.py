@@ -5,12 +5,15 @@
 
 Reads RESULTS_DIR/NAME/tCOUNT/compare.json (run.sh's, one per version and I/O thread count) and
 writes RESULTS_DIR/threads.json and RESULTS_DIR/threads.md: for every handler, protocol and
-size, the saturation throughput, snic_server's cores (its process alone, without the agent)
-and requests per second per core of each version against io_threads; the low-load p50; the
-server's ceiling per core; and how many GPUs of a given GPU time per request one server of k
-cores keeps busy, measured here and computed for a BlueField-3 (K Arm cores, each taken to do
-F of the work of one core here). With matplotlib, also RESULTS_DIR/threads-HANDLER-PROTO-SIZE.png
-(throughput and cores against io_threads, one line per version).
+size, the saturation throughput, snic_server's cores (its process alone, without the agent),
+its busy cores (the I/O threads less caracal_engine_idle_seconds_total's rate, run.sh's
+engine_idle_cores) and requests per second per core and per busy core of each version against
+io_threads; the low-load p50; with run.sh's OPEN_RATES, the cores and busy time per request
+that the same offered load took at each count; the server's ceiling per core; and how many
+GPUs of a given GPU time per request one server of k cores keeps busy, measured here and
+computed for a BlueField-3 (K Arm cores, each taken to do F of the work of one core here). With
+matplotlib, also RESULTS_DIR/threads-HANDLER-PROTO-SIZE.png (throughput, cores and busy cores,
+requests per core and per busy core against io_threads, one colour per version).
 """
 import argparse
 import json

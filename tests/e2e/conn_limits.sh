@@ -60,7 +60,7 @@ exec {flood_out}<&"${FLOOD[0]}"
 read -r -t 20 first <&"$flood_out" || fail "the flood client said nothing"
 echo "$first"
 wait_for_line "$WORK/fd-server.log" "cannot accept connections: Too many open files"
-limit_from=$(date +%s.%N)
+limit_from=$(now)
 # At the limit the acceptor tries again every 100 ms (tunables::kAcceptRetry), where one that
 # tried again at once would fail thousands of times a second and hold a core (the failures are
 # counted below, once descriptors are free: /metrics cannot be reached at the limit). Each retry
@@ -79,10 +79,10 @@ server_ticks() {
 }
 clk=$(getconf CLK_TCK)
 t0=$(server_ticks)
-w0=$(date +%s.%N)
+w0=$(now)
 sleep 2
 t1=$(server_ticks)
-w1=$(date +%s.%N)
+w1=$(now)
 secs=$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.2f", b - a }')
 echo "at the file limit: $((t1 - t0)) CPU ticks of $clk a second over $secs s (the server's threads)"
 awk -v t="$((t1 - t0))" -v hz="$clk" -v s="$secs" 'BEGIN { exit !(t <= hz * s / 2) }' ||
@@ -90,7 +90,7 @@ awk -v t="$((t1 - t0))" -v hz="$clk" -v s="$secs" 'BEGIN { exit !(t <= hz * s / 
 lines=$(grep -c "cannot accept connections" "$WORK/fd-server.log")
 [ "$lines" -le 2 ] || fail "the file limit was logged $lines times in about two seconds"
 grep "cannot accept connections" "$WORK/fd-server.log" | head -1 | sed 's/^/logged: /'
-limit_to=$(date +%s.%N)
+limit_to=$(now)
 eval "exec ${FLOOD[1]}>&-"  # the client reads its stdin to the end, then closes its connections
 read -r -t 20 second <&"$flood_out" || fail "the flood client did not finish"
 echo "$second"

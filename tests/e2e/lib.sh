@@ -27,6 +27,12 @@ ECHO_AGENT="$BUILD/examples/echo/caracal_echo_agent"
 TRANSPORT=${CARACAL_E2E_TRANSPORT:-shm}
 RDMA_ADDRESS=${CARACAL_E2E_RDMA_ADDRESS:-192.0.2.1}
 TIME_SCALE=${CARACAL_E2E_TIME_SCALE:-1}
+
+# now: seconds since the epoch with microseconds, from bash itself (the Soft-RoCE VM's busybox
+# `date` has no %N).
+now() {
+  echo "${EPOCHREALTIME/,/.}"
+}
 case $TRANSPORT in
   shm) TRANSPORT_YAML="transport: shm" ;;
   rdma) TRANSPORT_YAML="transport: rdma

@@ -50,11 +50,11 @@ errors=$(metric 'caracal_service_errors_total')
 # idles still idles, so a loaded machine does not shorten it).
 slept=$(metric caracal_engine_sleeps_total)
 idle_before=$(metric caracal_engine_idle_seconds_total)
-t0=$(date +%s.%N)
+t0=$(now)
 sleep 0.3
 idle_slept=$(metric caracal_engine_sleeps_total)
 idle_after=$(metric caracal_engine_idle_seconds_total)
-t1=$(date +%s.%N)
+t1=$(now)
 echo "engine sleeps: $slept after the runs, $idle_slept after 0.3 s without traffic"
 [ "$idle_slept" -gt "$slept" ] || fail "the idle I/O threads never slept (caracal_engine_sleeps_total $slept, then $idle_slept)"
 scrape=$(curl -sf "http://127.0.0.1:$METRICS_PORT/metrics") || fail "the metrics endpoint did not answer"

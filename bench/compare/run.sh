@@ -34,8 +34,9 @@
 # Caracal, snic_server and the agent together; and, as process_cores, the first process alone:
 # snic_server without its agent) are recorded with every point; for Caracal also
 # engine_idle_cores, the seconds per second its engine threads spent without work
-# (caracal_engine_idle_seconds_total over the run), so that I/O threads minus it is the share of
-# its polling threads that worked.
+# (caracal_engine_idle_seconds_total over the run): with the engine in the I/O threads (no
+# ENGINE_THREADS, as threads.sh runs it), I/O threads minus it is the share of its polling
+# threads that worked; with engine threads of their own it covers those threads only.
 #
 # Everything is verified by caracal_loadgen as it runs (a wrong reply is an error in the JSON).
 # Results: RESULTS_DIR/raw/ (every loadgen JSON, sockperf output, server logs),

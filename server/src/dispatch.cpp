@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "caracal/server/tunables.hpp"
-
 namespace caracal::server {
 
 using Clock = std::chrono::steady_clock;
@@ -124,19 +122,13 @@ DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flo
     const auto outstanding = [&](size_t i) {
       return t.all[i].region->inbox(t.all[i].queue).outstanding.load(std::memory_order_relaxed);
     };
-    // Read by an I/O thread that hosts an engine thread: the queues of the next thread while
-    // neither is loaded, else its own (see Targets::by_thread), a thread that serves none
-    // standing on the queues of another (Targets::stand_in). The policy picks among them as it
-    // would among all.
+    // Read by an I/O thread that hosts an engine thread: its own queues (see Targets::by_thread),
+    // a thread that serves none standing on the queues of another (Targets::stand_in). The
+    // policy picks among them as it would among all.
     const std::vector<uint32_t>* among = nullptr;
     const int host = Engine::hosted_thread();
     if (host >= 0 && static_cast<size_t>(host) < t.stand_in.size()) {
-      const size_t threads = t.stand_in.size();
-      const uint32_t self = t.stand_in[static_cast<size_t>(host)];
-      const uint32_t next_thread = t.stand_in[(static_cast<size_t>(host) + 1) % threads];
-      const bool loaded = engine_.in_flight(self) >= tunables::kLocalInFlight ||
-                          engine_.in_flight(next_thread) >= tunables::kLocalInFlight;
-      among = &t.by_thread[loaded ? self : next_thread];
+      among = &t.by_thread[t.stand_in[static_cast<size_t>(host)]];
     }
     size_t k = 0;
     if (among != nullptr) {

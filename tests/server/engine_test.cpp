@@ -428,15 +428,12 @@ INSTANTIATE_TEST_SUITE_P(Threads, EngineTest,
                                   std::to_string(std::get<0>(info.param));
                          });
 
-TEST_P(HostedEngineTest, ALoadedHostKeepsWhatItReadsOnItsOwnQueues) {
-  // Dispatched from inside the last host's loop, as its sockets' handlers dispatch. While
-  // neither the host nor the next thread (thread 0) has tunables::kLocalInFlight requests in
-  // flight, they go to the next thread's queues (flow affinity among them); from then on to
-  // the host's own, whatever their flow. The accelerator starts once all are dispatched, so no
-  // count falls meanwhile: the first 8 go to thread 0, the rest to the host (with one thread,
-  // the host is its own next thread).
+TEST_P(HostedEngineTest, AHostKeepsWhatItReadsOnItsOwnQueues) {
+  // Dispatched from inside the last host's loop, as its sockets' handlers dispatch: every
+  // request goes to the host's own queues, the first one as the fortieth, whatever its flow and
+  // however few are in flight. (With two threads, a request that went to the other thread
+  // would show its index in the answer.)
   const uint32_t host = threads() - 1;
-  const uint32_t next_thread = 0;
   std::vector<uint64_t> tokens;
   std::atomic<bool> dispatched{false};
   boost::asio::post(*hosts_[host], [&] {
@@ -453,9 +450,7 @@ TEST_P(HostedEngineTest, ALoadedHostKeepsWhatItReadsOnItsOwnQueues) {
     const auto it = answers.find(tokens[i]);
     ASSERT_NE(it, answers.end()) << "request " << i;
     EXPECT_EQ(it->second.reply.bytes, "re:r" + std::to_string(i));
-    const uint32_t expected =
-        i < static_cast<size_t>(tunables::kLocalInFlight) ? next_thread : host;
-    EXPECT_EQ(it->second.thread, expected) << "request " << i;
+    EXPECT_EQ(it->second.thread, host) << "request " << i;
   }
   // From a thread that hosts nothing, the requests spread over every thread's queues.
   const std::vector<uint64_t> more = dispatch(8);
@@ -495,9 +490,9 @@ class WideHostedEngineTest : public EngineTest {
 TEST_P(WideHostedEngineTest, AHostWithoutQueuesStandsOnTheQueuesOfAnother) {
   ASSERT_EQ(threads(), 6u);
   // Threads 0-3 serve queue 0-3; 4 and 5 serve none, and stand on 0 and 1 (the serving threads
-  // in turn). From host 5 the next thread is 0: its first kLocalInFlight requests go there,
-  // the rest, once thread 0 is loaded, to host 5's stand-in, thread 1; none to any other
-  // thread, none to a thread without queues. (No accelerator yet: nothing is answered.)
+  // in turn). Every request from host 5 goes to its stand-in, thread 1, and every one from
+  // host 4 to thread 0; none to any other thread, none to a thread without queues. (No
+  // accelerator yet: nothing is answered.)
   const std::vector<uint64_t> from5 = dispatch_from(5, 40);
   const std::vector<uint64_t> from4 = dispatch_from(4, 40);
   ASSERT_EQ(from5.size(), 40u);
@@ -505,14 +500,10 @@ TEST_P(WideHostedEngineTest, AHostWithoutQueuesStandsOnTheQueuesOfAnother) {
   ASSERT_NO_FATAL_FAILURE(start_accelerator());
   const auto answers = sink_->wait_for(from5.size() + from4.size());
   ASSERT_EQ(answers.size(), from5.size() + from4.size());
-  const auto local = static_cast<size_t>(tunables::kLocalInFlight);
   for (size_t i = 0; i < from5.size(); ++i) {
     ASSERT_TRUE(answers.contains(from5[i])) << "request " << i;
-    EXPECT_EQ(answers.at(from5[i]).thread, i < local ? 0u : 1u) << "from host 5, request " << i;
+    EXPECT_EQ(answers.at(from5[i]).thread, 1u) << "from host 5, request " << i;
   }
-  // Then, from host 4 (stand-in 0, next thread 5, whose stand-in is 1): thread 0 has
-  // kLocalInFlight in flight already, so host 4 is loaded and keeps every request on its
-  // stand-in's queues.
   for (size_t i = 0; i < from4.size(); ++i) {
     ASSERT_TRUE(answers.contains(from4[i])) << "request " << i;
     EXPECT_EQ(answers.at(from4[i]).thread, 0u) << "from host 4, request " << i;

@@ -133,10 +133,6 @@ void Engine::notify(uint32_t thread) {
   threads_.at(thread)->notify();
 }
 
-int64_t Engine::in_flight(uint32_t thread) const {
-  return threads_[thread]->in_flight();
-}
-
 double Engine::idle_seconds(uint32_t thread) const {
   return threads_.at(thread)->idle_seconds();
 }

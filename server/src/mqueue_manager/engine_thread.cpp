@@ -345,8 +345,8 @@ void EngineThread::run_hosted() {
         prof::Scope t(prof::kIdle);
         // A handler that ended the wait (a socket's request, a wake-up) was work like one that
         // io.poll() ran: the thread spins again before its next sleep. Otherwise a thread that
-        // only reads (its requests go to another thread's queues) would, once asleep, sleep
-        // again after every request, and each would wait for that thread to be woken.
+        // only reads (one that serves no queue: its requests go to its stand-in's) would, once
+        // asleep, sleep again after every request, and each would wait for it to be woken.
         if (idle(++idle_rounds)) idle_rounds = 0;
       }
     }

@@ -21,10 +21,8 @@
 // detached) while others are ejected, those return at once.
 //
 // With the engine in the I/O threads (engine_threads: 0), an I/O thread applies the policy to
-// the queues of one engine thread only: the next thread's while neither is loaded, its own once
-// either is (see Targets::by_thread); a thread that serves no queue uses those of the thread
-// that stands in for it (Targets::stand_in). A flow then keeps its queue while the load stays on
-// one side of that line.
+// the queues of its own engine thread only (see Targets::by_thread); a thread that serves no
+// queue uses those of the thread that stands in for it (Targets::stand_in).
 #pragma once
 
 #include <array>
@@ -105,14 +103,13 @@ class Service final : public EngineEvents {
   struct Targets {
     std::vector<Target> all;
     // The indexes into `all` of the queues engine thread i serves. With the engine in the I/O
-    // threads (Engine::hosted_thread()), a request goes to a queue of the thread that read it
-    // once that thread, or the next one, has tunables::kLocalInFlight requests in flight or
-    // more, so that under load it reaches its ring without a hand-off between threads. Below
-    // that it goes to the next thread (thread i + 1, the last thread's is thread 0): a thread
-    // that polls takes it into its ring while the reading thread is still busy with its socket,
-    // which is quicker for a lone request. Only the next thread, not any: at low load the others
-    // then have nothing to do and sleep, instead of every I/O thread spinning for requests that
-    // come one at a time.
+    // threads (Engine::hosted_thread()), a request goes to a queue of the thread that read it:
+    // the reader's next engine round, right after its socket handlers, takes it into its ring,
+    // and the request never waits for a hand-off to another thread, nor wakes one. The other
+    // threads have nothing to do for it and sleep. Handing a lone request to the next thread's
+    // queues instead (as this server once did below 8 requests in flight) kept two threads at
+    // work for one client, with no lower latency (`bench/results/EXPERIMENTS.md`,
+    // local-dispatch-h100x4).
     std::vector<std::vector<uint32_t>> by_thread;
     // For each engine thread, the thread whose queues stand for its own in that choice: itself
     // if it serves queues, else one that does. With more engine threads than queues (32 I/O

@@ -95,15 +95,6 @@ static_assert(kMaxPollSleep < kIdleSleep,
 static_assert(kRdmaIdleFetchMin > 0us && kRdmaIdleFetchMin < kRdmaIdleFetchMax,
               "the gap starts above zero (it doubles) and grows to the maximum");
 
-// ---- dispatch (dispatch.hpp) ----
-
-// With the engine in the I/O threads: requests in flight on an engine thread from which the I/O
-// thread that hosts it, or the one before it, counts it as loaded. Below it, a lone request goes
-// to the next thread's queues (that thread polls while the reader is still busy with its
-// socket); from it on, the reader keeps requests on its own queues, so under load none waits for
-// a hand-off between threads.
-inline constexpr int64_t kLocalInFlight = 8;
-
 // ---- network front (front/) ----
 
 // UDP: requests outstanding on a listener from which the engine hands reply bursts to the I/O

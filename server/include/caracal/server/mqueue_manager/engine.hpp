@@ -129,8 +129,6 @@ class Engine {
 
   // Requests dispatched to some region and not yet answered or failed.
   int64_t in_flight() const;
-  // Requests in flight on one thread's queues (a relaxed read: a hint for dispatch).
-  int64_t in_flight(uint32_t thread) const;
   uint32_t threads() const { return static_cast<uint32_t>(threads_.size()); }
   // Seconds `thread` has spent in rounds without work (spinning, yielding or asleep) since it
   // started: its share of a polling core that waited rather than worked. Any thread; a reading

@@ -11,7 +11,10 @@
 # DURATION (2), WARMUP (0.5), THREADS (4), LOADGEN_THREADS (8), SAT_CONNECTIONS (8),
 # SAT_WINDOW (16), CARACAL_ACCEL (gpu:0), AGENT_QUEUES (8), GPU_WORKERS (0), PERF, ENGINE_THREADS
 # (snic_server's engine_threads; unset: the server's default), SPREAD (the UDP listener's
-# `spread`, flows or datagrams; unset: the server's default). With several engine threads each
+# `spread`, flows or datagrams; unset: the server's default), OPEN_RATE (open loop at this many
+# requests per second over the SAT_CONNECTIONS connections instead of saturation), SERVER_CPUS
+# and CLIENT_CPUS (taskset CPU lists for the server with its agent, and for the client). With
+# several engine threads each
 # prints its own report; PERF samples the first, or with PERF_PROCESS=1 every thread of
 # snic_server (the report is then sorted by thread name, then symbol).
 set -uo pipefail
@@ -60,7 +63,8 @@ services:
       - { protocol: udp, listen: 127.0.0.1:0$([ -n "${SPREAD:-}" ] && echo ", spread: $SPREAD") }
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
 YAML
-  "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
+  ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} "$SNIC" --config "$log-server.yaml" \
+    --log-level info >"$log-server.log" 2>&1 &
   spid=$!
   wait_for_line "$log-server.log" "serving [0-9]+ service" 20 || { stop "$spid"; failed=$((failed + 1)); continue; }
   control=$(sed -nE 's/.*control endpoint on .* \(port ([0-9]+)\).*/\1/p' "$log-server.log")
@@ -77,7 +81,8 @@ $([ "${CARACAL_ACCEL#gpu}" != "$CARACAL_ACCEL" ] && echo "gpu: { workers: ${GPU_
 services:
   - { name: $handler, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: 16384 }
 YAML
-  "$BUILD/examples/$handler/caracal_${handler}_agent" --config "$log-agent.yaml" >"$log-agent.log" 2>&1 &
+  ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} "$BUILD/examples/$handler/caracal_${handler}_agent" \
+    --config "$log-agent.yaml" >"$log-agent.log" 2>&1 &
   apid=$!
   if ! wait_for_line "$log-server.log" "region for service .* attached" 60; then
     stop "$apid" "$spid"
@@ -95,7 +100,10 @@ YAML
       -o "$log-perf.data" -- sleep "$DURATION") >"$log-perf.log" 2>&1 &
     perf_pid=$!
   fi
-  "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" \
+  load=()
+  [ -n "${OPEN_RATE:-}" ] && load=(--mode open --rate "$OPEN_RATE")
+  ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} \
+    "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" "${load[@]}" \
     --warmup "$WARMUP" --duration "$DURATION" --connections "$SAT_CONNECTIONS" \
     --window "$SAT_WINDOW" --threads "$LOADGEN_THREADS" --json "$log-loadgen.json" \
     --label "$name" >"$log-loadgen.out" 2>&1 || failed=$((failed + 1))

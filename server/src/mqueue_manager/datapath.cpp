@@ -64,13 +64,20 @@ class TransportBinding final : public RegionBinding {
       prof::Scope rx_write(prof::kRxWrite);
       while (!backlog.empty()) {
         Message& m = backlog.front();
-        std::byte* dst = rx.reserve(static_cast<uint32_t>(m.bytes.size()));
+        std::byte* dst = nullptr;
+        {
+          prof::Scope t(prof::kRxReserve);
+          dst = rx.reserve(static_cast<uint32_t>(m.bytes.size()));
+        }
         if (dst == nullptr) break;  // no credits yet (a read of the head is in flight)
         if (!m.bytes.empty()) {
           prof::Scope t(prof::kRxCopy);
           std::memcpy(dst, m.bytes.data(), m.bytes.size());
         }
-        rx.commit(static_cast<uint32_t>(m.bytes.size()), m.token, m.flags);
+        {
+          prof::Scope t(prof::kRxCommit);
+          rx.commit(static_cast<uint32_t>(m.bytes.size()), m.token, m.flags);
+        }
         if (server_queue) server_[q].flights.add(m.token, m.submitted, with_deadlines);
         {
           prof::Scope t(prof::kRequestFree);
@@ -79,6 +86,7 @@ class TransportBinding final : public RegionBinding {
         ++written;
       }
       if (written != 0) {
+        prof::Scope publish(prof::kRxPublish);
         rx.publish();
         inbox.waiting.fetch_sub(written, std::memory_order_relaxed);
         busy = true;

@@ -19,6 +19,9 @@ enum Stage : uint32_t {
   kRxWrite,      // the RX loop of one queue: reserve, copy, commit, bookkeeping, request free
   kRxCopy,       // memcpy of a request into its RX slot
   kRequestFree,  // destroying the request's Message (its buffer came from an I/O thread)
+  kRxReserve,    // RingProducer::reserve of a request's slots (a read of the head when short)
+  kRxCommit,     // its header (and its lines) written: RingProducer::commit
+  kRxPublish,    // after a queue's RX writes: the tail's publication, the inbox's count, on_room
   kTxFetch,      // fetch_tx_tails + deliver_tx_tails (rdma; shm loads its tails in kTxNext)
   kTxNext,       // RemoteRingConsumer::next_by_line, the tail's load (shm), next
   kReplyAlloc,   // the reply's buffer

@@ -48,9 +48,11 @@ errors=$(metric 'caracal_service_errors_total')
 # With no traffic, the I/O threads stop spinning and sleep (5 ms at a time), and say so.
 # Their time without work counts as idle, per thread (wall time: a thread descheduled while it
 # idles still idles, so a loaded machine does not shorten it).
+# The clock is read before the first scrape and after the second, so that the scrapes' window
+# lies inside t0..t1 however long each scrape takes (seconds in the emulated VM).
 slept=$(metric caracal_engine_sleeps_total)
-idle_before=$(metric caracal_engine_idle_seconds_total)
 t0=$(now)
+idle_before=$(metric caracal_engine_idle_seconds_total)
 sleep 0.3
 idle_slept=$(metric caracal_engine_sleeps_total)
 idle_after=$(metric caracal_engine_idle_seconds_total)

@@ -842,12 +842,14 @@ TEST(HostedEngine, AHandlerThatEndsTheSleepIsWorkAndTheThreadSpinsAgain) {
   // Spins long enough for the handlers to come while it spins, even under a sanitizer: a
   // million rounds take 50 ms or more, so only a test thread stalled that long between two
   // posts lets it sleep again. No cut to short spins on a loaded machine (contended_spin_rounds
-  // as long).
+  // as long). The handlers here dispatch nothing, so they count as requests only with
+  // quiet_wake_spin_rounds as long as the spin (the next test has the short one).
   constexpr uint32_t kSpin = 1'000'000;
-  Engine engine(
-      replies,
-      EngineOptions{
-          .spin_rounds = kSpin, .contended_spin_rounds = kSpin, .threads = 1, .sleeps = &sleeps});
+  Engine engine(replies, EngineOptions{.spin_rounds = kSpin,
+                                       .quiet_wake_spin_rounds = kSpin,
+                                       .contended_spin_rounds = kSpin,
+                                       .threads = 1,
+                                       .sleeps = &sleeps});
   engine.host(0, io);
   engine.start();
   std::thread host([&] {
@@ -871,6 +873,44 @@ TEST(HostedEngine, AHandlerThatEndsTheSleepIsWorkAndTheThreadSpinsAgain) {
     const uint64_t slept = last.get_future().get() - first.get_future().get();
     EXPECT_LE(slept, uint64_t{kHandlers / 4})
         << "the host slept again after the handlers that woke it";
+  }
+  engine.stop();
+  io.stop();
+  host.join();
+}
+
+// A handler that ends the sleep but brings no request (a timer, a control message: here empty
+// posts) buys only quiet_wake_spin_rounds of spinning, not spin_rounds: the thread sleeps again
+// after nearly every one. With the long spin (a million rounds, 50 ms and more) it would not
+// sleep between posts 5 ms apart; 64 rounds are over well within 5 ms, even under a sanitizer.
+TEST(HostedEngine, AWakeUpThatBringsNoRequestSpinsShort) {
+  ReplyTable replies(64);
+  boost::asio::io_context io(1);
+  Counter sleeps;
+  constexpr uint32_t kSpin = 1'000'000;
+  Engine engine(replies, EngineOptions{.spin_rounds = kSpin,
+                                       .quiet_wake_spin_rounds = 64,
+                                       .contended_spin_rounds = kSpin,
+                                       .threads = 1,
+                                       .sleeps = &sleeps});
+  engine.host(0, io);
+  engine.start();
+  std::thread host([&] {
+    auto guard = boost::asio::make_work_guard(io);
+    engine.run_hosted(0);
+  });
+  for (int i = 0; i < 6000 && sleeps.value() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_GE(sleeps.value(), 1u) << "the host never went to sleep";
+  if (sleeps.value() > 0) {
+    const uint64_t first = sleeps.value();
+    constexpr int kHandlers = 40;
+    for (int i = 0; i < kHandlers; ++i) {
+      boost::asio::post(io, [] {});
+      std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_GE(sleeps.value() - first, uint64_t{kHandlers / 2})
+        << "the host spun on after wake-ups that brought no request";
   }
   engine.stop();
   io.stop();

@@ -19,6 +19,7 @@ Engine::~Engine() {
 }
 
 thread_local int Engine::hosted_index_ = -1;
+thread_local uint64_t Engine::hosted_dispatches_ = 0;
 
 int Engine::hosted_thread() {
   return hosted_index_;
@@ -126,6 +127,7 @@ void Engine::fail_elsewhere(const std::shared_ptr<AgentRegion>& region, const st
 }
 
 void Engine::note_dispatched(const AgentRegion& region, uint32_t queue) {
+  if (hosted_index_ >= 0) ++hosted_dispatches_;
   threads_[thread_of(region, queue)]->note_dispatched();
 }
 

@@ -326,28 +326,46 @@ void EngineThread::run_hosted() {
     Engine::hosted_index_ = static_cast<int>(index_);
     prof::thread_begin();
     uint32_t idle_rounds = 0;
+    // Whether the host's handlers since `dispatches` (a reading of Engine::hosted_dispatches_)
+    // brought requests: dispatched some, or left some in flight on this thread's queues.
+    const auto brought_requests = [this](uint64_t dispatches) {
+      return Engine::hosted_dispatches_ != dispatches ||
+             in_flight_.load(std::memory_order_relaxed) > 0;
+    };
     for (;;) {
       // While idle, when this turn began: where the idle run ends if the turn finds work (a
       // clock read per turn without work, none per turn with it).
       const Clock::time_point looked = idle_time_.idle() ? Clock::now() : Clock::time_point{};
       // The host's ready handlers (received requests, replies to write), without waiting.
+      const uint64_t dispatches = Engine::hosted_dispatches_;
       const size_t handled = io.poll();
       if (io.stopped()) break;
       const RoundOutcome r = round();
       if (r == RoundOutcome::kStopping) break;
       if (r == RoundOutcome::kBusy || handled > 0) {
-        idle_rounds = 0;
+        // The spin starts afresh after a round that worked or handlers that brought requests.
+        // Handlers that brought none (a timer, a control message, a write's completion) leave
+        // it where it was: a timer that fires more often than a spin lasts (the acceptor's
+        // retry every 100 ms at the file limit) would otherwise keep an idle thread spinning.
+        if (r == RoundOutcome::kBusy || brought_requests(dispatches)) idle_rounds = 0;
         if (idle_time_.idle()) idle_time_.end(looked);
       } else {
         // A handler that the host runs inside idle() (below, the one that ends a sleep) counts
         // as idle time; the handlers after it run in the next turn's io.poll(), as work.
         if (!idle_time_.idle()) idle_time_.begin(Clock::now());
         prof::Scope t(prof::kIdle);
-        // A handler that ended the wait (a socket's request, a wake-up) was work like one that
-        // io.poll() ran: the thread spins again before its next sleep. Otherwise a thread that
-        // only reads (one that serves no queue: its requests go to its stand-in's) would, once
-        // asleep, sleep again after every request, and each would wait for it to be woken.
-        if (idle(++idle_rounds)) idle_rounds = 0;
+        // A handler that ended the wait and brought requests (dispatched here, or in flight on
+        // this thread's queues) was work like one that io.poll() ran: the thread spins again
+        // before its next sleep. Otherwise a thread that only reads (one that serves no
+        // queue: its requests go to its stand-in's) would, once asleep, sleep again after every
+        // request, and each would wait for it to be woken. A handler that brought none (a
+        // timer, a control message, a connection) gets tunables::kQuietWakeSpinRounds.
+        const uint64_t before_wait = Engine::hosted_dispatches_;
+        if (idle(++idle_rounds)) {
+          const uint32_t spin = engine_.options_.spin_rounds;
+          const uint32_t quiet = engine_.options_.quiet_wake_spin_rounds;
+          idle_rounds = brought_requests(before_wait) || quiet >= spin ? 0 : spin - quiet;
+        }
       }
     }
     idle_time_.end(Clock::now());

@@ -39,6 +39,13 @@ static_assert(kMaxEngineThreads >= kMaxIoThreads, "every I/O thread can host an 
 // many rounds again before it naps.
 inline constexpr uint32_t kSpinRounds = 20000;
 
+// An I/O thread that hosts an engine thread and is woken from its sleep by a handler that
+// brought no request (a timer such as the acceptor's retry at the file limit, a control
+// message, a new connection) spins this many rounds before it sleeps again, not kSpinRounds:
+// the long spin is for a thread that expects replies or more requests, and each such wake-up
+// would otherwise cost about a millisecond of a core.
+inline constexpr uint32_t kQuietWakeSpinRounds = 256;
+
 // Spinning pays only on a core of the thread's own. Every kContendedLookRounds rounds without
 // work a thread compares its CPU clock with the wall clock; one that lost at least
 // kContendedLostMin, and 1/kContendedLostShare of the time, to other threads since it last
@@ -88,6 +95,7 @@ inline constexpr uint32_t kDeadlineClockRounds = 16;
 inline constexpr size_t kLateRepliesRemembered = 4096;
 
 static_assert(kContendedSpinRounds < kSpinRounds, "the short spin must be shorter");
+static_assert(kQuietWakeSpinRounds < kSpinRounds, "a quiet wake-up spins shorter than work");
 static_assert(kContendedLookRounds <= kSpinRounds, "a thread must look during a long spin");
 static_assert(kContendedLostShare >= 2, "losing the core means losing a good part of the time");
 static_assert(kMaxPollSleep < kIdleSleep,

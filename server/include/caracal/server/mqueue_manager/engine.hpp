@@ -60,6 +60,9 @@ class Counter;  // metrics/metrics.hpp
 struct EngineOptions {
   // Rounds without work a thread spins before it starts yielding, then sleeping.
   uint32_t spin_rounds = tunables::kSpinRounds;
+  // With the engine in the I/O threads: the rounds a thread spins after a handler that brought
+  // no request ended its sleep (see tunables::kQuietWakeSpinRounds).
+  uint32_t quiet_wake_spin_rounds = tunables::kQuietWakeSpinRounds;
   // Spinning pays only on a core of the thread's own. A thread that lost its core to other
   // threads for at least `contended_lost_min`, and an eighth of the time, since it last looked
   // (more runnable threads than cores: another poller on the host, the agent's CPU workers,
@@ -149,6 +152,10 @@ class Engine {
   // The engine thread that this thread hosts while it runs its rounds (hosted_thread()); set
   // and cleared by that engine thread's run_hosted(), read only by the thread itself.
   static thread_local int hosted_index_;
+  // Requests this thread has dispatched (note_dispatched()), counted only while it hosts an
+  // engine thread: how the host's loop tells a handler that brought requests from one that
+  // brought none (EngineThread::run_hosted()). Read only by the thread itself.
+  static thread_local uint64_t hosted_dispatches_;
   // No engine thread: fail_elsewhere()'s `except` when every thread is to hear of it.
   static constexpr uint32_t kNoThread = UINT32_MAX;
 

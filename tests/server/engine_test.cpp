@@ -829,92 +829,82 @@ TEST(HostedEngine, StopBeforeTheHostsStart) {
   host.join();
 }
 
-// A handler that ends a hosted thread's sleep is work, as one that io.poll() runs is: the thread
-// spins again before it sleeps. A thread that only reads sockets (its requests go to another
-// thread's queues) otherwise fell asleep once and then slept again after every request, each
-// of which then waited for the thread to be woken. Handlers come here every 50 us, after the
-// thread has gone to sleep. The engine counts its sleeps (not the thread's context switches,
-// which a loaded machine and a sanitizer's locks add to).
-TEST(HostedEngine, AHandlerThatEndsTheSleepIsWorkAndTheThreadSpinsAgain) {
-  ReplyTable replies(64);
-  boost::asio::io_context io(1);
-  Counter sleeps;
-  // Spins long enough for the handlers to come while it spins, even under a sanitizer: a
-  // million rounds take 50 ms or more, so only a test thread stalled that long between two
-  // posts lets it sleep again. No cut to short spins on a loaded machine (contended_spin_rounds
-  // as long). The handlers here dispatch nothing, so they count as requests only with
-  // quiet_wake_spin_rounds as long as the spin (the next test has the short one).
-  constexpr uint32_t kSpin = 1'000'000;
-  Engine engine(replies, EngineOptions{.spin_rounds = kSpin,
-                                       .quiet_wake_spin_rounds = kSpin,
-                                       .contended_spin_rounds = kSpin,
-                                       .threads = 1,
-                                       .sleeps = &sleeps});
-  engine.host(0, io);
-  engine.start();
-  std::thread host([&] {
-    auto guard = boost::asio::make_work_guard(io);
-    engine.run_hosted(0);
-  });
-  // Asleep once the engine counts a sleep (a million empty rounds took about 50 ms on a 2-core
-  // VM, 1.7 s there under TSan); the thread waits in io.run_one_for() from then on.
-  for (int i = 0; i < 6000 && sleeps.value() == 0; ++i)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_GE(sleeps.value(), 1u) << "the host never went to sleep";
-  if (sleeps.value() > 0) {
-    std::promise<uint64_t> first, last;
-    boost::asio::post(io, [&] { first.set_value(sleeps.value()); });
-    constexpr int kHandlers = 40;
-    for (int i = 0; i < kHandlers; ++i) {
-      std::this_thread::sleep_for(50us);
-      boost::asio::post(io, [] {});
-    }
-    boost::asio::post(io, [&] { last.set_value(sleeps.value()); });
-    const uint64_t slept = last.get_future().get() - first.get_future().get();
-    EXPECT_LE(slept, uint64_t{kHandlers / 4})
-        << "the host slept again after the handlers that woke it";
+// One hosted engine thread that has gone to sleep, for the tests of what ends its sleep. It
+// spins a million rounds (50 ms and more, 1.7 s under TSan on a 2-core VM) before it sleeps,
+// with no cut to short spins on a loaded machine (contended_spin_rounds as long), and
+// `quiet_wake` rounds after a wake-up that brought no request. The engine counts its sleeps (not
+// the thread's context switches, which a loaded machine and a sanitizer's locks add to).
+class SleepingHost {
+ public:
+  static constexpr uint32_t kSpin = 1'000'000;
+  explicit SleepingHost(uint32_t quiet_wake)
+      : engine_(replies_, EngineOptions{.spin_rounds = kSpin,
+                                        .quiet_wake_spin_rounds = quiet_wake,
+                                        .contended_spin_rounds = kSpin,
+                                        .threads = 1,
+                                        .sleeps = &sleeps_}) {
+    engine_.host(0, io_);
+    engine_.start();
+    host_ = std::thread([this] {
+      auto guard = boost::asio::make_work_guard(io_);
+      engine_.run_hosted(0);
+    });
+    // Asleep once the engine counts a sleep; the thread waits in io.run_one_for() from then on.
+    for (int i = 0; i < 6000 && sleeps_.value() == 0; ++i)
+      std::this_thread::sleep_for(10ms);
   }
-  engine.stop();
-  io.stop();
-  host.join();
+  ~SleepingHost() {
+    engine_.stop();
+    io_.stop();
+    host_.join();
+  }
+  boost::asio::io_context& io() { return io_; }
+  uint64_t sleeps() const { return sleeps_.value(); }
+
+ private:
+  ReplyTable replies_{64};
+  boost::asio::io_context io_{1};
+  Counter sleeps_;
+  Engine engine_;
+  std::thread host_;
+};
+
+// A handler that ends a hosted thread's sleep and counts as bringing requests (here: any, with
+// the quiet wake-up as long as the spin) is work, as one that io.poll() runs is: the thread
+// spins again before it sleeps. A thread that only reads sockets (its requests go to another
+// thread's queues) otherwise fell asleep once and then slept again after every request, each of
+// which then waited for the thread to be woken. Handlers come here every 50 us.
+TEST(HostedEngine, AHandlerThatEndsTheSleepIsWorkAndTheThreadSpinsAgain) {
+  SleepingHost h(SleepingHost::kSpin);
+  ASSERT_GE(h.sleeps(), 1u) << "the host never went to sleep";
+  std::promise<uint64_t> first, last;
+  boost::asio::post(h.io(), [&] { first.set_value(h.sleeps()); });
+  constexpr int kHandlers = 40;
+  for (int i = 0; i < kHandlers; ++i) {
+    std::this_thread::sleep_for(50us);
+    boost::asio::post(h.io(), [] {});
+  }
+  boost::asio::post(h.io(), [&] { last.set_value(h.sleeps()); });
+  const uint64_t slept = last.get_future().get() - first.get_future().get();
+  EXPECT_LE(slept, uint64_t{kHandlers / 4})
+      << "the host slept again after the handlers that woke it";
 }
 
 // A handler that ends the sleep but brings no request (a timer, a control message: here empty
 // posts) buys only quiet_wake_spin_rounds of spinning, not spin_rounds: the thread sleeps again
-// after nearly every one. With the long spin (a million rounds, 50 ms and more) it would not
-// sleep between posts 5 ms apart; 64 rounds are over well within 5 ms, even under a sanitizer.
+// after nearly every one. With the long spin it would not sleep between posts 5 ms apart; 64
+// rounds are over well within 5 ms, even under a sanitizer.
 TEST(HostedEngine, AWakeUpThatBringsNoRequestSpinsShort) {
-  ReplyTable replies(64);
-  boost::asio::io_context io(1);
-  Counter sleeps;
-  constexpr uint32_t kSpin = 1'000'000;
-  Engine engine(replies, EngineOptions{.spin_rounds = kSpin,
-                                       .quiet_wake_spin_rounds = 64,
-                                       .contended_spin_rounds = kSpin,
-                                       .threads = 1,
-                                       .sleeps = &sleeps});
-  engine.host(0, io);
-  engine.start();
-  std::thread host([&] {
-    auto guard = boost::asio::make_work_guard(io);
-    engine.run_hosted(0);
-  });
-  for (int i = 0; i < 6000 && sleeps.value() == 0; ++i)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_GE(sleeps.value(), 1u) << "the host never went to sleep";
-  if (sleeps.value() > 0) {
-    const uint64_t first = sleeps.value();
-    constexpr int kHandlers = 40;
-    for (int i = 0; i < kHandlers; ++i) {
-      boost::asio::post(io, [] {});
-      std::this_thread::sleep_for(5ms);
-    }
-    EXPECT_GE(sleeps.value() - first, uint64_t{kHandlers / 2})
-        << "the host spun on after wake-ups that brought no request";
+  SleepingHost h(64);
+  ASSERT_GE(h.sleeps(), 1u) << "the host never went to sleep";
+  const uint64_t first = h.sleeps();
+  constexpr int kHandlers = 40;
+  for (int i = 0; i < kHandlers; ++i) {
+    boost::asio::post(h.io(), [] {});
+    std::this_thread::sleep_for(5ms);
   }
-  engine.stop();
-  io.stop();
-  host.join();
+  EXPECT_GE(h.sleeps() - first, uint64_t{kHandlers / 2})
+      << "the host spun on after wake-ups that brought no request";
 }
 
 // caracal_engine_idle_seconds_total's source: a hosted thread's time without work counts, the

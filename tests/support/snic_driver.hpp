@@ -97,10 +97,28 @@ inline size_t thread_count() {
 }
 
 // The thread count to come back to after workers are gone. One thread is started and joined
-// first: a sanitizer runtime starts its own helper thread with the first one, and keeps it.
+// first: a sanitizer runtime starts its own helper thread with the first one, and keeps it. A
+// joined thread may still be listed in /proc for a moment (the kernel reaps it after join
+// returns; under qemu's user-mode emulation long enough to be counted), so the count is taken
+// once it is back to what it was before, or has held still for 100 ms (a sanitizer's helper
+// stays).
 inline size_t baseline_thread_count() {
+  using Clock = std::chrono::steady_clock;
+  const size_t before = thread_count();
   std::thread([] {}).join();
-  return thread_count();
+  size_t n = thread_count();
+  Clock::time_point still_since = Clock::now();
+  for (const Clock::time_point until = still_since + std::chrono::seconds(2);
+       n != before && Clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (const size_t m = thread_count(); m != n) {
+      n = m;
+      still_since = Clock::now();
+    } else if (Clock::now() - still_since >= std::chrono::milliseconds(100)) {
+      break;
+    }
+  }
+  return n;
 }
 
 inline std::vector<std::byte> to_bytes(std::string_view s) {

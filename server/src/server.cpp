@@ -45,17 +45,12 @@ Server::Server(ServerConfig config, ServerOptions options)
       io_(config_.io_threads),
       memory_trim_(io_.main(), metrics_) {
   for (uint32_t i = 0; i < engine_.threads(); ++i) {
-    // The greatest reading so far: a reading may fall short by one run of idle rounds (see
-    // IdleTime), and a counter never goes down. Callbacks run under the registry's lock, one
-    // at a time.
     idle_callbacks_.push_back(metrics_.counter_callback(
         "caracal_engine_idle_seconds_total",
         "Seconds an engine thread (with engine_threads 0, the I/O thread that runs it) spent in "
         "rounds that found no work: spinning, yielding or asleep. A polling thread's CPU time "
         "counts these as busy; 1 - rate(this) is the share of the thread that served requests",
-        {{"thread", std::to_string(i)}}, [this, i, last = 0.0]() mutable {
-          return last = std::max(last, engine_.idle_seconds(i));
-        }));
+        {{"thread", std::to_string(i)}}, [this, i] { return engine_.idle_seconds(i); }));
   }
   // engine_threads 0: every I/O thread hosts an engine thread (kMaxEngineThreads leaves room
   // for one per I/O thread).

@@ -908,9 +908,10 @@ TEST(HostedEngine, AWakeUpThatBringsNoRequestSpinsShort) {
 }
 
 // caracal_engine_idle_seconds_total's source: a hosted thread's time without work counts, the
-// time its host spends in handlers does not. The handler below keeps the thread 300 ms; the
-// idle time over the same stretch must fall short of the wall time by about as much. Bounds
-// are wide (a loaded machine or a sanitizer stretches the wall time, never the handler's).
+// time its host spends in handlers does not, not even in a reading taken during the handler. The
+// handler below keeps the thread 300 ms; the idle time over the same stretch must fall short of the
+// wall time by about as much. Bounds are wide (a loaded machine or a sanitizer stretches the wall
+// time, never the handler's).
 TEST(HostedEngine, IdleSecondsLeaveOutTheHostsHandlers) {
   using Clock = std::chrono::steady_clock;
   ReplyTable replies(64);
@@ -931,13 +932,21 @@ TEST(HostedEngine, IdleSecondsLeaveOutTheHostsHandlers) {
   // The first handler may end a sleep (that one counts as idle); the next is work.
   std::promise<void> done;
   boost::asio::post(io, [] {});
+  double in_handler_first = 0;
+  double in_handler_last = 0;
   boost::asio::post(io, [&] {
+    in_handler_first = engine.idle_seconds(0);
     const Clock::time_point until = Clock::now() + 300ms;
     while (Clock::now() < until) {
     }
+    in_handler_last = engine.idle_seconds(0);
     done.set_value();
   });
   done.get_future().get();
+  // A scrape while the host works must not read the work as idle either: a counter cannot take
+  // it back once the run turns out to have ended where the handler began.
+  EXPECT_LT(in_handler_last - in_handler_first, 0.05)
+      << "a reading during the 300 ms handler counted it as idle";
   std::this_thread::sleep_for(50ms);
   const double idle2 = engine.idle_seconds(0);
   const double wall = std::chrono::duration<double>(Clock::now() - t1).count();

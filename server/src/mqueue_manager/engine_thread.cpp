@@ -294,20 +294,21 @@ void EngineThread::run() {
   owner_.enter();
   uint32_t idle_rounds = 0;
   for (;;) {
-    // While idle, when this round began: where the idle run ends if the round finds work.
-    const Clock::time_point looked = idle_time_.idle() ? Clock::now() : Clock::time_point{};
+    // While idle, the rounds since the last mark found no work: their time counts, and the
+    // run ends here if this round finds work.
+    if (idle_time_.idle()) idle_time_.mark(Clock::now());
     const RoundOutcome r = round();
     if (r == RoundOutcome::kStopping) break;
     if (r == RoundOutcome::kBusy) {
       idle_rounds = 0;
-      if (idle_time_.idle()) idle_time_.end(looked);
+      idle_time_.end();
     } else {
       if (!idle_time_.idle()) idle_time_.begin(Clock::now());
       prof::Scope t(prof::kIdle);
       idle(++idle_rounds);
     }
   }
-  idle_time_.end(Clock::now());
+  if (idle_time_.idle()) idle_time_.mark(Clock::now());
   finish();
   owner_.leave();
 }
@@ -333,9 +334,11 @@ void EngineThread::run_hosted() {
              in_flight_.load(std::memory_order_relaxed) > 0;
     };
     for (;;) {
-      // While idle, when this turn began: where the idle run ends if the turn finds work (a
-      // clock read per turn without work, none per turn with it).
-      const Clock::time_point looked = idle_time_.idle() ? Clock::now() : Clock::time_point{};
+      // While idle, the turns since the last mark found no work: their time counts, and the
+      // run ends here if this turn finds work (a clock read per turn without work, none per
+      // turn with it). The host's handlers below run after the mark: however long they take,
+      // none of it reads as idle.
+      if (idle_time_.idle()) idle_time_.mark(Clock::now());
       // The host's ready handlers (received requests, replies to write), without waiting.
       const uint64_t dispatches = Engine::hosted_dispatches_;
       const size_t handled = io.poll();
@@ -348,7 +351,7 @@ void EngineThread::run_hosted() {
         // it where it was: a timer that fires more often than a spin lasts (the acceptor's
         // retry every 100 ms at the file limit) would otherwise keep an idle thread spinning.
         if (r == RoundOutcome::kBusy || brought_requests(dispatches)) idle_rounds = 0;
-        if (idle_time_.idle()) idle_time_.end(looked);
+        idle_time_.end();
       } else {
         // A handler that the host runs inside idle() (below, the one that ends a sleep) counts
         // as idle time; the handlers after it run in the next turn's io.poll(), as work.
@@ -368,7 +371,7 @@ void EngineThread::run_hosted() {
         }
       }
     }
-    idle_time_.end(Clock::now());
+    if (idle_time_.idle()) idle_time_.mark(Clock::now());
     finish();
     prof::thread_end();
     Engine::hosted_index_ = -1;  // dispatch no longer favours this thread's queues

@@ -89,7 +89,7 @@ class EngineThread {
   int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
   uint32_t index() const { return index_; }
   // Seconds spent in rounds without work so far (IdleTime::seconds()); any thread.
-  double idle_seconds() const { return idle_time_.seconds(Clock::now()); }
+  double idle_seconds() const { return idle_time_.seconds(); }
 
   // Routes one answer (a reply, or a failure) to its client and reports it to `events` (the
   // region's service; may be null). The sink may hold it until flush_replies(). Owner thread

@@ -62,45 +62,40 @@ class IdlePolicy {
 
 // Time an engine thread spent in rounds without work (spinning, yielding, napping, asleep), for
 // caracal_engine_idle_seconds_total: a polling thread's CPU time reads as busy whether it works
-// or waits for work, and this tells the two apart. The owner thread marks where each run of
-// rounds without work begins and ends (two clock reads a run, none a round); a scrape, on any
-// thread, adds the run under way.
+// or waits for work, and this tells the two apart. The owner thread marks where a run of rounds
+// without work begins, and at the start of every round in the run adds the time since its last
+// mark to the total: the rounds before it found no work, so that time was idle. A scrape, on
+// any thread, reads only the total. It lags by the round under way (at most a sleep,
+// tunables::kIdleSleep, and the handler that ends it) and never holds time that turns out to
+// be work: a round that finds work (a hosted thread's host running handlers for seconds under
+// a flood) adds nothing. A reading that added the run under way up to the scrape's clock did
+// hold it, and a counter cannot take it back.
 class IdleTime {
  public:
   using Clock = std::chrono::steady_clock;
 
   // Owner thread: a round found no work after one that did (or after the start).
-  void begin(Clock::time_point now) {
-    since_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  void begin(Clock::time_point now) { since_ = now; }
+  // Owner thread, while idle: a round begins; the time since the last mark was idle.
+  void mark(Clock::time_point now) {
+    // Relaxed: the total is the only thing a scrape reads, and only this thread writes it.
+    total_ns_.store(total_ns_.load(std::memory_order_relaxed) + (now - since_).count(),
+                    std::memory_order_relaxed);
+    since_ = now;
   }
-  // Owner thread: a round found work after rounds that found none; no-op when not idle.
-  void end(Clock::time_point now) {
-    const int64_t since = since_ns_.load(std::memory_order_relaxed);
-    if (since == 0) return;
-    // The run leaves since_ns_ before it enters total_ns_ (release: a scrape that reads the new
-    // total reads since_ns_ as 0, or as a later run's start), so no scrape counts it twice.
-    since_ns_.store(0, std::memory_order_relaxed);
-    total_ns_.store(
-        total_ns_.load(std::memory_order_relaxed) + now.time_since_epoch().count() - since,
-        std::memory_order_release);
-  }
-  bool idle() const { return since_ns_.load(std::memory_order_relaxed) != 0; }  // owner thread
+  // Owner thread: the round marked last found work; the run ended where it began.
+  void end() { since_ = Clock::time_point{}; }
+  // Owner thread. A steady_clock reading is never the epoch once the system is up.
+  bool idle() const { return since_ != Clock::time_point{}; }
 
-  // Any thread. A run that ends between the two reads below is left out of this reading (its
-  // start is gone, its total not read): a reading may fall short by one run and must not be
-  // taken as a floor (the server's metric keeps the greatest reading; server.cpp).
-  double seconds(Clock::time_point now) const {
-    const int64_t total = total_ns_.load(std::memory_order_acquire);  // pairs with end()
-    const int64_t since = since_ns_.load(std::memory_order_relaxed);
-    const int64_t running = since == 0 ? 0 : now.time_since_epoch().count() - since;
-    return static_cast<double>(total + (running > 0 ? running : 0)) * 1e-9;
+  // Any thread; never decreases.
+  double seconds() const {
+    return static_cast<double>(total_ns_.load(std::memory_order_relaxed)) * 1e-9;
   }
 
  private:
-  // Written by the owner thread only. A steady_clock reading is never 0 once the system is up,
-  // so 0 says "not idle".
-  std::atomic<int64_t> total_ns_{0};
-  std::atomic<int64_t> since_ns_{0};
+  std::atomic<int64_t> total_ns_{0};  // written by the owner thread only
+  Clock::time_point since_{};         // owner thread only: the last mark of the run under way
 };
 
 }  // namespace caracal::server

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -461,6 +462,30 @@ TEST_P(HostedEngineTest, AHostKeepsWhatItReadsOnItsOwnQueues) {
     seen.insert(all.at(t).thread);
   }
   EXPECT_EQ(seen.size(), threads());
+}
+
+// A socket under a flood: its handler is ready again as soon as it ends. The host must still
+// run rounds between its handlers, or no reply is taken for as long as the flood lasts.
+TEST_P(HostedEngineTest, AHostWhoseHandlersNeverRunDryStillTakesReplies) {
+  ASSERT_NO_FATAL_FAILURE(start_accelerator());
+  std::atomic<bool> flood{true};
+  std::atomic<uint64_t> handlers{0};
+  std::vector<std::function<void()>> again(hosts_.size());
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    again[h] = [&, h] {
+      handlers.fetch_add(1, std::memory_order_relaxed);
+      if (flood.load(std::memory_order_relaxed)) boost::asio::post(*hosts_[h], again[h]);
+    };
+    boost::asio::post(*hosts_[h], again[h]);
+  }
+  for (int i = 0; i < 1000 && handlers.load() < 10000; ++i)
+    std::this_thread::sleep_for(1ms);
+  const std::vector<uint64_t> tokens = dispatch(40);
+  const size_t answered = sink_->wait_for(tokens.size()).size();
+  const bool flooding = flood.load();
+  flood = false;
+  EXPECT_TRUE(flooding);
+  EXPECT_EQ(answered, tokens.size()) << "requests went unanswered while the hosts' handlers ran";
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, HostedEngineTest,

@@ -339,9 +339,12 @@ void EngineThread::run_hosted() {
       // turn with it). The host's handlers below run after the mark: however long they take,
       // none of it reads as idle.
       if (idle_time_.idle()) idle_time_.mark(Clock::now());
-      // The host's ready handlers (received requests, replies to write), without waiting.
       const uint64_t dispatches = Engine::hosted_dispatches_;
-      const size_t handled = io.poll();
+      // The host's ready handlers (received requests, replies to write), without waiting, and
+      // at most kHostHandlersPerRound of them: a flood keeps a socket's handler ready forever.
+      size_t handled = 0;
+      while (handled < tunables::kHostHandlersPerRound && io.poll_one() > 0)
+        ++handled;
       if (io.stopped()) break;
       const RoundOutcome r = round();
       if (r == RoundOutcome::kStopping) break;

@@ -48,6 +48,16 @@ inline constexpr uint32_t kSpinRounds = 20000;
 // spinning at 6% of a core on a 2-core VM (e2e.conn_limits: 1 tick in 2 s now).
 inline constexpr uint32_t kQuietWakeSpinRounds = 256;
 
+// An I/O thread that hosts an engine thread runs at most this many of its host's ready
+// handlers between two engine rounds. Under a flood a socket's handler is ready again as soon
+// as it ends (its next receive finds data at once), and a host that ran handlers until none
+// was ready ran no round, took no reply and gave no ring slot back for as long as the flood
+// lasted: 10-20 ms at a time with sockperf's UDP flood on a 2-core VM, 3.5 s under
+// ThreadSanitizer. A UDP handler takes up to kUdpReceiveBatch * kUdpDrainRounds datagrams and a
+// TCP one a read of one connection, so the bound leaves a round every few thousand datagrams or
+// every 64 connections' reads.
+inline constexpr size_t kHostHandlersPerRound = 64;
+
 // Spinning pays only on a core of the thread's own. Every kContendedLookRounds rounds without
 // work a thread compares its CPU clock with the wall clock; one that lost at least
 // kContendedLostMin, and 1/kContendedLostShare of the time, to other threads since it last

@@ -357,11 +357,11 @@ void EngineThread::run_hosted() {
         idle_time_.end();
       } else {
         // A handler that the host runs inside idle() (below, the one that ends a sleep) counts
-        // as idle time; the handlers after it run in the next turn's io.poll(), as work.
+        // as idle time; the handlers after it run at the start of the next turn, as work.
         if (!idle_time_.idle()) idle_time_.begin(Clock::now());
         prof::Scope t(prof::kIdle);
         // A handler that ended the wait and brought requests (dispatched here, or in flight on
-        // this thread's queues) was work like one that io.poll() ran: the thread spins again
+        // this thread's queues) was work like one run between rounds: the thread spins again
         // before its next sleep. Otherwise a thread that only reads (one that serves no
         // queue: its requests go to its stand-in's) would, once asleep, sleep again after every
         // request, and each would wait for it to be woken. A handler that brought none (a

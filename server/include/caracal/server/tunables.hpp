@@ -34,9 +34,11 @@ static_assert(kMaxEngineThreads >= kMaxIoThreads, "every I/O thread can host an 
 // Rounds without work an engine thread spins before it yields, then sleeps
 // (EngineOptions::spin_rounds). Long enough that a thread which just wrote requests catches
 // their replies while it still polls instead of after a wake-up; short enough that an idle
-// thread gives its core back soon (a round with nothing to do is tens of nanoseconds, so this is
-// on the order of a millisecond). While replies are outstanding the thread then yields for as
-// many rounds again before it naps.
+// thread gives its core back soon. While replies are outstanding the thread then yields for as
+// many rounds again before it naps. What a spin costs depends on the round: an engine thread of
+// its own looks at its rings only (about 0.13 us a round, 2.7 ms a spin), an I/O thread that
+// hosts the engine also polls its host's reactor, an epoll_wait() (0.28-0.37 us, 6-8 ms a
+// spin). Measured on the 2-core VM with perf stat, one UDP request every 100 ms, 2026-11-27.
 inline constexpr uint32_t kSpinRounds = 20000;
 
 // An I/O thread that hosts an engine thread and is woken from its sleep by a handler that

@@ -54,10 +54,10 @@ inline constexpr uint32_t kQuietWakeSpinRounds = 256;
 // handlers between two engine rounds. Under a flood a socket's handler is ready again as soon
 // as it ends (its next receive finds data at once), and a host that ran handlers until none
 // was ready ran no round, took no reply and gave no ring slot back for as long as the flood
-// lasted: 10-20 ms at a time with sockperf's UDP flood on a 2-core VM, 3.5 s under
-// ThreadSanitizer. A UDP handler takes up to kUdpReceiveBatch * kUdpDrainRounds datagrams and a
-// TCP one a read of one connection, so the bound leaves a round every few thousand datagrams or
-// every 64 connections' reads.
+// lasted: up to 10-17 ms at a time with sockperf's UDP flood on a 2-core VM, and the whole
+// 3 s flood (3.1 s) under ThreadSanitizer. A UDP handler takes up to
+// kUdpReceiveBatch * kUdpDrainRounds datagrams and a TCP one a read of one connection, so the
+// bound leaves a round every few thousand datagrams or every 64 connections' reads.
 inline constexpr size_t kHostHandlersPerRound = 64;
 
 // Spinning pays only on a core of the thread's own. Every kContendedLookRounds rounds without

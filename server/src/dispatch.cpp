@@ -195,7 +195,11 @@ Status Service::add(std::shared_ptr<AgentRegion> region) {
             return static_cast<double>((inbox->*counter).load(std::memory_order_relaxed));
           }));
     };
-    gauge("caracal_queue_ring_slots_in_use", "RX ring slots the accelerator has not given back yet",
+    // The engine reads the accelerator's head only when it has requests to write (a read of
+    // GPU or remote memory): with no traffic the gauge keeps the last reading.
+    gauge("caracal_queue_ring_slots_in_use",
+          "RX ring slots the accelerator had not given back the last time the engine had requests "
+          "for the ring; with no traffic it keeps that reading",
           &QueueInbox::ring_slots_in_use);
     gauge("caracal_queue_outstanding_requests",
           "Requests dispatched to the queue and not yet answered", &QueueInbox::outstanding);

@@ -11,8 +11,9 @@
 # from BUILD_DIR; each version's server is its SNIC_BINARY. `engine_threads` is left out of the
 # config, so each version runs its own default. SIZES_NAME (e.g. SIZES_old="1024") gives one
 # version other sizes, and SPREAD_NAME (flows or datagrams) another UDP `spread`, so that one
-# binary can run as two versions (flows=BIN datagrams=BIN). threads_report.py RESULTS_DIR then writes threads.json, threads.md and,
-# with matplotlib, the plots.
+# binary can run as two versions (flows=BIN datagrams=BIN), and GPU_OPTIONS_NAME (run.sh's
+# GPU_OPTIONS, e.g. "busy_polls: 0") another agent GPU policy. threads_report.py RESULTS_DIR
+# then writes threads.json, threads.md and, with matplotlib, the plots.
 #
 # Knobs (environment; the rest pass through to run.sh): IO_THREADS ("2 4 8 12 16 24 32"),
 # HANDLERS (matvec), SIZES (1024), OPEN_RATES (none; e.g. "500000 1000000"), SAT_CONNECTIONS (16), SAT_WINDOW (16), LOADGEN_THREADS (16),
@@ -87,8 +88,10 @@ for n in $counts; do
     name=${spec%%=*}
     var="SIZES_$name"
     spread_var="SPREAD_$name"
+    gpu_var="GPU_OPTIONS_$name"
     echo "== $name, io_threads $n"
-    THREADS=$n SIZES=${!var:-$sizes} SPREAD=${!spread_var:-${SPREAD:-}} SNIC=${spec#*=} \
+    THREADS=$n SIZES=${!var:-$sizes} SPREAD=${!spread_var:-${SPREAD:-}} \
+      GPU_OPTIONS=${!gpu_var:-${GPU_OPTIONS:-}} SNIC=${spec#*=} \
       CARACAL_COMMIT="$name" \
       "$here/run.sh" "$build" "$results/$name/t$n" 2>&1 | grep -E 'saturation|latency|done|run.sh' ||
       failed=$((failed + 1))

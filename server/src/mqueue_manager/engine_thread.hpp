@@ -3,7 +3,7 @@
 //
 // A round applies the posted commands (attach, detach, fail), then lets each region's binding
 // serve this thread's queues (datapath.cpp), and hands the replies it routed to their sinks in
-// one burst per region. At most once per tunables::kReplyCheckPeriod a round also fails the
+// one burst per round. At most once per tunables::kReplyCheckPeriod a round also fails the
 // requests on this thread's queues that their region's reply bound has run out for, and tells
 // the services of regions whose ejection is over (check_deadlines()). A round without work asks
 // the idle policy (idle_policy.hpp) whether to spin, yield or sleep.

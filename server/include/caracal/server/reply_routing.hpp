@@ -74,9 +74,10 @@ static_assert(tunables::kReplySlots <= kMaxReplySlots, "a reply slot must fit in
 // (given at construction, Engine::threads()).
 //
 // deliver() may hold the reply: an engine thread calls end_burst() on every sink it delivered to
-// once it has finished a burst (the replies it read from one region in one round, or the
-// failures of one command), so a sink can hand a whole burst over at once: one sendmmsg() for a
-// UDP socket, one post to a TCP connection's strand, instead of one for every reply.
+// once it has finished a burst (the replies it read in one round, from every region it serves,
+// or the failures of one command), so a sink can hand a whole burst over at once: one
+// sendmmsg() for a UDP socket, one post to a TCP connection's strand, instead of one for every
+// reply.
 class ReplySink {
  public:
   explicit ReplySink(uint32_t engine_threads)

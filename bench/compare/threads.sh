@@ -16,12 +16,13 @@
 # then writes threads.json, threads.md and, with matplotlib, the plots.
 #
 # Knobs (environment; the rest pass through to run.sh): IO_THREADS ("2 4 8 12 16 24 32"),
-# HANDLERS (matvec), SIZES (1024), OPEN_RATES (none; e.g. "500000 1000000"), SAT_CONNECTIONS (16), SAT_WINDOW (16), LOADGEN_THREADS (16),
-# AGENT_QUEUES (16), DURATION (1), WARMUP (0.3), PIN (halves: the server and its agent on the
-# hyperthreads of the first half of the physical cores, the client on the rest, through
-# run.sh's SERVER_CPUS and CLIENT_CPUS; server:N: the first N physical cores to the server and
-# its agent, the rest to the client, so that a many-core client can hold the server to its own
-# limit; unset: anywhere).
+# HANDLERS (matvec), SIZES (1024), OPEN_RATES (none; e.g. "500000 1000000"), OPEN_SIZES (the
+# sizes of the open-loop points; SIZES), SAT_CONNECTIONS (16), SAT_WINDOW (16),
+# LOADGEN_THREADS (16), AGENT_QUEUES (16), DURATION (1), WARMUP (0.3), PIN (halves: the server
+# and its agent on the hyperthreads of the first half of the physical cores, the client on the
+# rest, through run.sh's SERVER_CPUS and CLIENT_CPUS; server:N: the first N physical cores to
+# the server and its agent, the rest to the client, so that a many-core client can hold the
+# server to its own limit; unset: anywhere).
 set -uo pipefail
 build=$(realpath "${1:?usage: threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...}")
 results=${2:?usage: threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...}
@@ -38,9 +39,10 @@ export AGENT_QUEUES=${AGENT_QUEUES:-16}
 export DURATION=${DURATION:-1}
 export WARMUP=${WARMUP:-0.3}
 # OPEN_RATES: open-loop points at these request rates at every thread count, for the cores
-# that the same load takes (the sizes of SIZES); no fractions of saturation.
+# that the same load takes (at OPEN_SIZES); no fractions of saturation.
+open_sizes=${OPEN_SIZES:-${SIZES:-1024}}
 export OPEN_SIZES="" OPEN_FRACTIONS="" LOW_LOAD_ROUNDS=0 SERVERS=caracal
-[ -n "${OPEN_RATES:-}" ] && export OPEN_SIZES=${SIZES:-1024} OPEN_RATES
+[ -n "${OPEN_RATES:-}" ] && export OPEN_SIZES=$open_sizes OPEN_RATES
 unset ENGINE_THREADS
 case "${PIN:-}" in
   "" | halves) ;;

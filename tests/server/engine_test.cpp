@@ -49,6 +49,16 @@ struct Prefix {
   }
 };
 
+// The same with "rb:": a second region's replies, told apart from the first's.
+struct PrefixB {
+  static constexpr accel::Granularity kGranularity = accel::Granularity::kThread;
+  void operator()(const accel::Request& req, accel::Response& resp, accel::Context&) const {
+    std::memcpy(resp.data, "rb:", 3);
+    std::memcpy(resp.data + 3, req.data, req.size);
+    resp.size = req.size + 3;
+  }
+};
+
 // Records every answer with the engine thread that delivered it. Engine threads call it at
 // once, so everything is under one lock.
 class RecordingSink final : public ReplySink {
@@ -497,6 +507,125 @@ TEST_P(HostedEngineTest, AHostWhoseHandlersNeverRunDryStillTakesReplies) {
   }
   EXPECT_TRUE(flooding);
   EXPECT_EQ(answered, tokens.size()) << "requests went unanswered while the hosts' handlers ran";
+}
+
+// Counts what each engine thread hands over per end_burst(): the replies delivered since its
+// last one.
+class BurstSink final : public ReplySink {
+ public:
+  BurstSink() : ReplySink(kMaxEngineThreads) {}
+
+  void deliver(uint32_t thread, uint64_t, const boost::asio::ip::udp::endpoint&,
+               Reply reply) override {
+    std::lock_guard lock(m_);
+    open_[thread].push_back(std::move(reply.bytes));
+    ++delivered_;
+  }
+  void end_burst(uint32_t thread) override {
+    std::lock_guard lock(m_);
+    bursts_[thread].push_back(std::move(open_[thread]));
+    open_.erase(thread);
+  }
+
+  size_t delivered() {
+    std::lock_guard lock(m_);
+    return delivered_;
+  }
+  // Engine thread -> its bursts, each the replies it held.
+  std::map<uint32_t, std::vector<std::vector<std::string>>> bursts() {
+    std::lock_guard lock(m_);
+    return bursts_;
+  }
+
+ private:
+  std::mutex m_;
+  std::map<uint32_t, std::vector<std::string>> open_;
+  std::map<uint32_t, std::vector<std::vector<std::string>>> bursts_;
+  size_t delivered_ = 0;
+};
+
+// A thread that serves two regions hands the replies it takes from both in one round to a sink
+// in one burst (one sendmmsg for a UDP socket, one handler for a TCP connection), not one burst
+// per region. The hosts are held in a handler while both agents answer, so that the next round
+// finds every reply of both regions waiting.
+TEST_P(HostedEngineTest, RepliesFromEveryRegionOfARoundGoOutInOneBurst) {
+  std::shared_ptr<AgentRegion> b;
+  ASSERT_NO_FATAL_FAILURE(b = make_region("b"));
+  engine_->attach(b);
+  auto sink = std::make_shared<BurstSink>();
+  constexpr int kRequests = 16;
+  for (int i = 0; i < kRequests; ++i) {
+    std::optional<uint64_t> t = replies_.acquire(sink);
+    ASSERT_TRUE(t.has_value());
+    const DispatchStatus s =
+        service_->dispatch(*t, "r" + std::to_string(i), static_cast<uint64_t>(i), true);
+    ASSERT_TRUE(s == DispatchStatus::kQueued || s == DispatchStatus::kCongested) << i;
+  }
+  // Every request in an RX ring (one slot each), with no agent yet to take it.
+  const auto published = [&](mqueue::IndexArray index) {
+    uint32_t n = 0;
+    for (const mqueue::ShmMapping& m : mappings_) {
+      const mqueue::RegionView view(m.data());
+      for (uint32_t q = 0; q < kQueues; ++q)
+        n += mqueue::load_acquire(view.index_word(index, q));
+    }
+    return n;
+  };
+  ASSERT_TRUE(eventually([&] { return published(mqueue::IndexArray::kRxTail) == kRequests; }))
+      << published(mqueue::IndexArray::kRxTail) << " requests in the RX rings";
+  // Hold every host between two rounds.
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  std::atomic<uint32_t> held{0};
+  for (auto& h : hosts_) {
+    boost::asio::post(*h, [&held, released] {
+      held.fetch_add(1);
+      released.wait();
+    });
+  }
+  // Let the hosts go once, here or when a failed assertion leaves the test early.
+  bool let_go = false;
+  const auto release = [&] {
+    if (!let_go) go.set_value();
+    let_go = true;
+  };
+  struct AtExit {
+    std::function<void()> f;
+    ~AtExit() { f(); }
+  } at_exit{release};
+  ASSERT_TRUE(eventually([&] { return held.load() == hosts_.size(); }));
+  accel::CpuOptions o;
+  o.workers = 2;
+  accel::CpuAccelerator<Prefix> agent_a(mqueue::RegionView(mappings_[0].data()), Prefix{}, o);
+  accel::CpuAccelerator<PrefixB> agent_b(mqueue::RegionView(mappings_[1].data()), PrefixB{}, o);
+  ASSERT_TRUE(agent_a.start().ok());
+  ASSERT_TRUE(agent_b.start().ok());
+  ASSERT_TRUE(eventually([&] { return published(mqueue::IndexArray::kTxTail) == kRequests; }))
+      << published(mqueue::IndexArray::kTxTail) << " replies in the TX rings";
+  ASSERT_GT(agent_a.total_requests(), 0u);
+  ASSERT_GT(agent_b.total_requests(), 0u);
+  release();
+  ASSERT_TRUE(eventually([&] { return sink->delivered() == kRequests; }));
+  // Each thread's burst is closed once its round ends.
+  ASSERT_TRUE(eventually([&] {
+    size_t n = 0;
+    for (const auto& [thread, list] : sink->bursts())
+      for (const auto& burst : list)
+        n += burst.size();
+    return n == kRequests;
+  }));
+  bool both_in_one = false;
+  for (const auto& [thread, list] : sink->bursts()) {
+    EXPECT_EQ(list.size(), 1u) << "engine thread " << thread << " handed its replies over in "
+                               << list.size() << " bursts";
+    std::set<std::string> prefixes;
+    for (const std::string& reply : list.front())
+      prefixes.insert(reply.substr(0, 3));
+    both_in_one |= prefixes.size() == 2;
+  }
+  EXPECT_TRUE(both_in_one) << "no thread took replies from both regions in one round";
+  agent_a.stop();
+  agent_b.stop();
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, HostedEngineTest,

@@ -39,25 +39,20 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// The reply is the request with "re:" in front.
-struct Prefix {
+// The reply is the request with "re:" in front (Prefix), or "rb:" (PrefixB: a second region's
+// replies, told apart from the first's).
+template <char Second>
+struct Prefixed {
   static constexpr accel::Granularity kGranularity = accel::Granularity::kThread;
   void operator()(const accel::Request& req, accel::Response& resp, accel::Context&) const {
-    std::memcpy(resp.data, "re:", 3);
+    const char prefix[3] = {'r', Second, ':'};
+    std::memcpy(resp.data, prefix, 3);
     std::memcpy(resp.data + 3, req.data, req.size);
     resp.size = req.size + 3;
   }
 };
-
-// The same with "rb:": a second region's replies, told apart from the first's.
-struct PrefixB {
-  static constexpr accel::Granularity kGranularity = accel::Granularity::kThread;
-  void operator()(const accel::Request& req, accel::Response& resp, accel::Context&) const {
-    std::memcpy(resp.data, "rb:", 3);
-    std::memcpy(resp.data + 3, req.data, req.size);
-    resp.size = req.size + 3;
-  }
-};
+using Prefix = Prefixed<'e'>;
+using PrefixB = Prefixed<'b'>;
 
 // Records every answer with the engine thread that delivered it. Engine threads call it at
 // once, so everything is under one lock.

@@ -260,8 +260,9 @@ EngineThread::RoundOutcome EngineThread::round() {
   }
   // One burst per round, whatever the number of regions: a TCP connection or UDP socket that
   // regions answered in this round gets one handler and one send, not one for each region.
-  // Replies from the first region wait for the other regions' serve() (a few us), against a
-  // send call saved per region on every sink they share.
+  // Replies from the first region wait for the other regions' serve(); with four agents that
+  // left the p50 at one connection where it was, and saved a send per region on every sink
+  // they share (bench/results/EXPERIMENTS.md, one-burst-per-round-h100x4).
   flush_replies();
   check_deadlines();
   return busy ? RoundOutcome::kBusy : RoundOutcome::kIdle;

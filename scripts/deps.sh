@@ -34,8 +34,9 @@ test_packages=(
   libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdmacm-utils perftest iproute2
   qemu-system-x86 busybox-static zstd
   # The BlueField topology (tests/bluefield): an arm64 VM (qemu-system-arm) whose root is made
-  # with mmdebstrap under qemu-user (binfmt), reached over ssh.
-  qemu-system-arm qemu-user-static binfmt-support openssh-client
+  # with mmdebstrap under qemu-user (binfmt), reached over ssh. mmdebstrap only recommends
+  # arch-test, and refuses a foreign architecture without it.
+  qemu-system-arm qemu-user-static binfmt-support openssh-client arch-test
   # The DPDK port (libdpdk-dev on Debian 12 and Ubuntu 24.04 alike; its PMDs, net_tap and
   # net_af_packet among them, come with it) and its end-to-end tests: a veth pair in a network
   # namespace, the kernel side's checksum offload turned off, frames made by python3.

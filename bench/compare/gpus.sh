@@ -33,7 +33,9 @@
 #            throughput over time, and every request must get a reply or an error reply
 #            (no wrong reply, no broken connection, none unanswered).
 # CPU cores of each server's processes (for Caracal snic_server and its agents) are recorded
-# with every point, as run.sh does.
+# with every point, as run.sh does, and beside them the cores of the face handler's memcached
+# and of the whole machine (from /proc/stat), so that a point limited by the machine's CPUs
+# rather than by the server shows as such.
 #
 # Results: RESULTS_DIR/raw/ (loadgen JSON, configs, logs, metric samples, points.jsonl,
 # run.json), then gpus_report.py writes RESULTS_DIR/gpus.json (every point with the machine,
@@ -60,7 +62,7 @@ SRC=$(cd "$HERE/../.." && pwd)
 mkdir -p "$RESULTS/raw"
 RESULTS=$(realpath "$RESULTS")
 RAW="$RESULTS/raw"
-source "$HERE/lib.sh"  # wait_for_line, pid_ticks, start_memcached, face_destinations, client_queues
+source "$HERE/lib.sh"  # wait_for_line, pid_ticks, machine_ticks, start_memcached, face_destinations, client_queues
 
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
@@ -255,6 +257,12 @@ start_host_centric() {
   SERVER_PIDS=("$pid")
 }
 
+# cores_over TICKS FROM TO: TICKS of CPU time over the wall time FROM to TO (date +%s.%N), in
+# cores.
+cores_over() {
+  awk -v t="$1" -v hz="$CLK_TCK" -v a="$2" -v b="$3" 'BEGIN { printf "%.3f", (t / hz) / (b - a) }'
+}
+
 # point EXPERIMENT SERVER COUNT PROTO KIND POLICY LOADGEN_ARGS...: one loadgen run, with the
 # server's cores over it and, for Caracal, each agent's answered requests; a line of
 # points.jsonl.
@@ -264,9 +272,11 @@ point() {
   local port=$UDP_PORT
   [ "$proto" = tcp ] && port=$TCP_PORT
   local name="$experiment-$server-n$count-$proto-$kind${policy:+-$policy}"
-  local t0 t1 w0 w1 rc=0 before="" after="" agents="{}"
+  local t0 t1 m0 m1 all0 all1 w0 w1 rc=0 before="" after="" agents="{}"
   [ -n "$METRICS_PORT" ] && before=$(answered_by_agent)
   t0=$(pid_ticks "${SERVER_PIDS[@]}")
+  m0=$(pid_ticks $MC_PID)
+  all0=$(machine_ticks)
   w0=$(date +%s.%N)
   # ON_LOAD_START, when set, names a command started (in the background) as the load starts.
   local hook=
@@ -281,6 +291,8 @@ point() {
     --json "$RAW/$name.json" --label "$name" "$@" >"$RAW/$name.out" 2>&1 || rc=$?
   w1=$(date +%s.%N)
   t1=$(pid_ticks "${SERVER_PIDS[@]}")
+  m1=$(pid_ticks $MC_PID)
+  all1=$(machine_ticks)
   [ -z "$hook" ] || wait "$hook"
   if [ -n "$METRICS_PORT" ]; then
     after=$(answered_by_agent)
@@ -289,13 +301,14 @@ point() {
       { s = s (s == "" ? "" : ",") sprintf("\"%s\":%d", $1, $2 - b[$1]) }
       END { printf "{%s}", s }' <(printf '%s\n' "$before") <(printf '%s\n' "$after"))
   fi
-  local cores
-  cores=$(awk -v t="$((t1 - t0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
-    'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
-  printf '{"experiment":"%s","server":"%s","accelerators":%d,"proto":"%s","size":%d,"kind":"%s","policy":"%s","loadgen_rc":%d,"cpu_cores":%s,"wall_s":%s,"answered_by_agent":%s,"json":"%s"}\n' \
+  local cores mc_cores="null"
+  cores=$(cores_over $((t1 - t0)) "$w0" "$w1")
+  [ -n "$MC_PID" ] && mc_cores=$(cores_over $((m1 - m0)) "$w0" "$w1")
+  printf '{"experiment":"%s","server":"%s","accelerators":%d,"proto":"%s","size":%d,"kind":"%s","policy":"%s","loadgen_rc":%d,"cpu_cores":%s,"memcached_cores":%s,"machine_cores":%s,"wall_s":%s,"answered_by_agent":%s,"json":"%s"}\n' \
     "$experiment" "$server" "$count" "$proto" "$SIZE" "$kind" "$policy" "$rc" "$cores" \
+    "$mc_cores" "$(cores_over $((all1 - all0)) "$w0" "$w1")" \
     "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" "$agents" "$name.json" >>"$POINTS"
-  log "$name: $(head -1 "$RAW/$name.out") [server cores $cores]${METRICS_PORT:+ answered $agents}"
+  log "$name: $(head -1 "$RAW/$name.out") [server cores $cores${MC_PID:+, memcached $mc_cores}]${METRICS_PORT:+ answered $agents}"
   [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
 }
 

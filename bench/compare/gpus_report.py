@@ -182,6 +182,33 @@ def scaling_section(run, md):
         md.append("")
 
 
+def machine_section(run, md):
+    """The machine's CPUs at each saturation point: the server's, memcached's (face), the
+    client's and the whole machine's, so that a point the machine's CPUs held shows as such."""
+    pts = [p for p in find(run["points"], experiment="scaling", kind="saturation")
+           if p.get("machine_cores") is not None]
+    if not pts:
+        return
+    face = any(p.get("memcached_cores") is not None for p in pts)
+    md.append("## Where the machine's CPUs went at saturation\n")
+    md.append(f"Cores over each point (the server's processes and the whole machine from "
+              f"`/proc`, the client's threads from caracal_loadgen over its measured window); "
+              f"the machine has {run['online_cpus']} CPUs.\n")
+    md.append("| server | proto | accelerators | k req/s | server | "
+              + ("memcached | " if face else "") + "client | machine | machine idle |")
+    md.append("|" + " --- |" * (8 + face))
+    for p in sorted(pts, key=lambda p: (p["server"], p["proto"], p["accelerators"])):
+        client = (p.get("client_cpu") or {}).get("cores")
+        mc = p.get("memcached_cores")
+        md.append(f"| {p['server']} | {p['proto']} | {p['accelerators']} | "
+                  f"{krps(p.get('throughput_rps'))} | {p['cpu_cores']:.1f} | "
+                  + (f"{mc:.1f} | " if face else "")
+                  + (f"{client:.1f}" if client is not None else "-")
+                  + f" | {p['machine_cores']:.1f} | "
+                  f"{run['online_cpus'] - p['machine_cores']:.1f} |")
+    md.append("")
+
+
 def unequal_section(run, md):
     pts = find(run["points"], experiment="unequal")
     if not pts:
@@ -391,6 +418,7 @@ def report(results):
               f"{p['warmup_s']} s. Failed points: {run['failed_points']}.")
     md.append("")
     scaling_section(run, md)
+    machine_section(run, md)
     unequal_section(run, md)
     loss_section(run, md)
     with open(os.path.join(results, "gpus.json"), "w") as f:

@@ -109,6 +109,12 @@ pid_ticks() {
   echo "$sum"
 }
 
+# machine_ticks: CPU ticks so far that the whole machine spent busy (every field of /proc/stat's
+# "cpu" line but idle and iowait; guest time is already in user), in the units of pid_ticks.
+machine_ticks() {
+  awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
+}
+
 # start_memcached: a memcached of the run's own for the face references ($MEMCACHED, on a free
 # loopback port, $MEMCACHED_THREADS threads; as nobody when root), loaded with $FACE_PERSONS
 # references by $FACE_LOADER. Sets MC_PORT and MC_PID (the caller kills it); its logs go to

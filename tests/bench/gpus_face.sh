@@ -51,9 +51,18 @@ for n in (1, 2):
         c = p.get("counts") or {}
         if p.get("loadgen_rc") != 0 or c.get("wrong", 1) or c.get("error_replies", 1):
             problems.append(f"scaling {n} {proto}: loadgen {p.get('loadgen_rc')}, counts {c}")
+        # The machine spent at least what the server did.
+        if not isinstance(p.get("memcached_cores"), float):
+            problems.append(f"scaling {n} {proto}: memcached cores {p.get('memcached_cores')}")
+        if not (p.get("machine_cores") or 0) >= p["cpu_cores"] * 0.9:
+            problems.append(f"scaling {n} {proto}: machine cores {p.get('machine_cores')} "
+                            f"below the server's {p['cpu_cores']}")
         served = p.get("answered_by_agent") or {}
         if sorted(served) != [f"acc{i}" for i in range(n)] or min(served.values()) <= 0:
             problems.append(f"scaling {n} {proto}: agents answered {served}")
+# memcached answered every request's get: over the run (at 10 ms a tick) it spent CPU.
+if not sum(p.get("memcached_cores") or 0 for p in points) > 0:
+    problems.append("memcached spent no CPU in any point")
 loss = [p for p in points if p["experiment"] == "loss"]
 if len(loss) != 1:
     problems.append(f"loss: {len(loss)} points")
@@ -67,4 +76,6 @@ sys.exit(1 if problems else 0)
 PY
 grep -qF "face verification, 200 references in memcached" "$WORK/out/gpus.md" ||
   { echo "FAIL: gpus.md does not name the face workload"; exit 1; }
+grep -q "^| caracal | udp | 2 | .* | .* | .* | .* | .* | .* |$" "$WORK/out/gpus.md" ||
+  { echo "FAIL: gpus.md has no row of the machine's CPUs with memcached's"; exit 1; }
 echo "gpus.sh HANDLER=face: scaling and a lost agent, every verdict right"

@@ -16,7 +16,9 @@
 # libraries they need under BUILD_DIR/lib). DEBS_DIR, when the machine lacks them, holds
 # memcached, libevent and netcat .debs (apt-get download memcached libevent-2.1-7
 # netcat-openbsd), unpacked here with dpkg -x. The run's knobs are run.sh's; the defaults here
-# are those of bench/results/face-h100 (4 I/O threads each, 16 agent queues, 8 x 16 in flight).
+# are those of bench/results/face-h100x4's compare.md: 8 I/O threads each, 64 agent queues (a
+# GPU queue serves one face request at a time: 16 held one H100 to about 270 k req/s), 32 x 16
+# in flight from 16 client threads.
 set -uo pipefail
 BUILD=$(realpath "${1:?usage: face_gpu.sh BUILD_DIR RESULTS_DIR [DEBS_DIR]}")
 RESULTS=${2:?usage: face_gpu.sh BUILD_DIR RESULTS_DIR [DEBS_DIR]}
@@ -38,7 +40,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$RESULTS
 
 STEPS=${STEPS:-"e2e compare"}
 # The run.sh knobs of every face step.
-export HANDLERS=face THREADS=${THREADS:-4} AGENT_QUEUES=${AGENT_QUEUES:-16} \
+export HANDLERS=face THREADS=${THREADS:-8} AGENT_QUEUES=${AGENT_QUEUES:-64} \
+  SAT_CONNECTIONS=${SAT_CONNECTIONS:-32} LOADGEN_THREADS=${LOADGEN_THREADS:-16} \
   DURATION=${DURATION:-2} WARMUP=${WARMUP:-0.5} LOW_LOAD_ROUNDS=0 \
   FACE_PERSONS=${FACE_PERSONS:-10000} MEMCACHED_THREADS=${MEMCACHED_THREADS:-4}
 status=0
@@ -69,7 +72,7 @@ for step in $STEPS; do
       ;;
     gpus)
       echo "== gpus: face on 1 to every GPU, caracal and host_centric"
-      HANDLER=face AGENT_QUEUES=${GPUS_AGENT_QUEUES:-16} SAT_CONNECTIONS=${SAT_CONNECTIONS:-8} \
+      HANDLER=face AGENT_QUEUES=${GPUS_AGENT_QUEUES:-64} \
         SAT_WINDOW=${SAT_WINDOW:-16} EXPERIMENTS=${GPUS_EXPERIMENTS:-"scaling"} \
         OPEN_FRACTIONS=${GPUS_OPEN_FRACTIONS-"0.5 0.9"} CARACAL_COMMIT=${CARACAL_COMMIT:-unknown} \
         timeout 540 "$SRC/bench/compare/gpus.sh" "$BUILD" "$RESULTS/gpus" || status=1

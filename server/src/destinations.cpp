@@ -42,6 +42,10 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
         failures_(metrics.counter("caracal_destination_failures_total",
                                   "Calls answered with an error (connection failed, bad reply)",
                                   {{"destination", config.name}})),
+        call_seconds_(metrics.histogram(
+            "caracal_destination_call_seconds",
+            "Time from a call reaching the destination's connection to its reply",
+            {{"destination", config.name}}, latency_buckets_seconds())),
         timer_(strand_) {
     buffer_.resize(size_t{config_.framing.max_message_bytes} + tunables::kStreamReadSlack);
   }
@@ -158,9 +162,12 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
         fail_all("sent a reply nobody asked for");
         return;
       }
-      const uint64_t token = waiting_.front().token;
+      const Call call = waiting_.front();
       waiting_.pop_front();
-      answer(token, std::string(buffer_.data() + begin_ + d.payload_offset, d.payload_bytes), 0);
+      call_seconds_.observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - call.sent).count());
+      answer(call.token, std::string(buffer_.data() + begin_ + d.payload_offset, d.payload_bytes),
+             0);
       begin_ += d.consumed;
     }
     if (begin_ == end_) begin_ = end_ = 0;
@@ -223,6 +230,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   tcp::resolver resolver_;
   Counter& calls_;
   Counter& failures_;
+  Histogram& call_seconds_;  // answered calls only: failures are counted in failures_
 
   bool closed_ = false;
   bool connecting_ = false;

@@ -66,6 +66,15 @@ expected=$(for i in $(seq 50); do echo "v$i"; done)
 [ "$out" = "$expected" ] || fail "pipelined lookups came back wrong or out of order"
 echo "50 pipelined lookups: in order"
 
+# Every call so far was answered by memcached, and each answer's time was observed.
+calls=$(metric 'caracal_destination_calls_total')
+timed=$(metric 'caracal_destination_call_seconds_count')
+[ "$calls" -ge 55 ] && [ "$timed" = "$calls" ] ||
+  fail "$calls calls to memcached, $timed of them timed (caracal_destination_call_seconds)"
+awk -v s="$(metric 'caracal_destination_call_seconds_sum')" -v n="$timed" \
+  'BEGIN { exit !(s > 0 && s / n < 1) }' || fail "the calls' times do not add up to a plausible sum"
+echo "$timed calls timed"
+
 # memcached goes away: lookups fail visibly (error replies); it comes back: they work again.
 kill -KILL "$MC_PID"
 wait "$MC_PID" 2>/dev/null || true
@@ -76,4 +85,7 @@ start_memcached
 mc_set greeting "back again"
 [ "$(ask greeting)" = "back again" ] || fail "lookups did not recover when memcached came back"
 [ "$(metric 'caracal_destination_failures_total')" -ge 1 ] || fail "the failed call was not counted"
+# A failed call is counted, not timed: the timed calls are the answered ones.
+[ "$(metric 'caracal_destination_call_seconds_count')" -eq $(($(metric 'caracal_destination_calls_total') - $(metric 'caracal_destination_failures_total'))) ] ||
+  fail "caracal_destination_call_seconds counted other than the answered calls"
 echo "PASS"

@@ -35,22 +35,25 @@
 # CPU cores of each server's processes (for Caracal snic_server and its agents) are recorded
 # with every point, as run.sh does, and beside them the cores of the face handler's memcached
 # and of the whole machine (from /proc/stat), so that a point limited by the machine's CPUs
-# rather than by the server shows as such.
+# rather than by the server shows as such. For Caracal, snic_server's metrics page is kept from
+# before and after each point (raw/NAME-metrics-before.txt, raw/NAME-metrics.txt).
 #
 # Results: RESULTS_DIR/raw/ (loadgen JSON, configs, logs, metric samples, points.jsonl,
 # run.json), then gpus_report.py writes RESULTS_DIR/gpus.json (every point with the machine,
 # GPUs, date and CARACAL_COMMIT), gpus.md (the tables) and, with matplotlib, the plots.
 #
 # Knobs (environment; GPU defaults, then --cpu-only's): HANDLER (matvec), FACE_PERSONS (10000),
-# MEMCACHED_THREADS (4), FACE_TIMEOUT_MS (1000), GPUS (accelerators: nvidia-smi -L's
-# count; 2), COUNTS ("1 2 ... GPUS"), SERVERS ("caracal host_centric"; "caracal"), ROUNDS (32;
-# 1), SIZE (1024; 64), PROTOS ("udp tcp"), THREADS (8; 2), ENGINE_THREADS (snic_server's
-# engine_threads; unset: left out), AGENT_QUEUES (64; 2), GPU_BURST (the agents' gpu.burst and
-# cpu.burst: 1, so that a reply is published as soon as it is made, not after a burst of slow
-# requests), BATCH (64), BATCH_TIMEOUT_US (20), DISPATCH (least_loaded), SAT_CONNECTIONS (16; 2),
-# SAT_WINDOW (16; 4), LOADGEN_THREADS (8; 2), DURATION (1.5; 0.4), WARMUP (0.5; 0.2),
-# OPEN_FRACTIONS ("0.25 0.5 0.75 0.9"; "0.1"), SLOW_DELAY_US (1000; 2000), LOSS_DURATION (3; 1.6),
-# LOSS_KILL_AT (1.5; 0.8), SAMPLE_MS (100), EXPERIMENTS ("scaling unequal loss").
+# MEMCACHED_THREADS (4), FACE_TIMEOUT_MS (1000), GPUS (accelerators: nvidia-smi -L's count; 2),
+# COUNTS ("1 2 ... GPUS"), SERVERS ("caracal host_centric"; "caracal"), ROUNDS (32; 1), SIZE
+# (1024; 64), PROTOS ("udp tcp"), THREADS (8; 2), ENGINE_THREADS (snic_server's engine_threads;
+# unset: left out), AGENT_QUEUES (64; 2), GPU_BURST (the agents' gpu.burst and cpu.burst: 1, so
+# that a reply is published as soon as it is made, not after a burst of slow requests),
+# GPU_OPTIONS (more keys of the agents' gpu map, e.g. "busy_polls: 0"), SPREAD (Caracal's UDP
+# listener's `spread`, flows or datagrams; unset: the server's default), BATCH (64),
+# BATCH_TIMEOUT_US (20), DISPATCH (least_loaded), SAT_CONNECTIONS (16; 2), SAT_WINDOW (16; 4),
+# LOADGEN_THREADS (8; 2), DURATION (1.5; 0.4), WARMUP (0.5; 0.2), OPEN_FRACTIONS ("0.25 0.5 0.75
+# 0.9"; "0.1"), SLOW_DELAY_US (1000; 2000), LOSS_DURATION (3; 1.6), LOSS_KILL_AT (1.5; 0.8),
+# SAMPLE_MS (100), EXPERIMENTS ("scaling unequal loss").
 set -uo pipefail
 
 BUILD=$(realpath "${1:?usage: gpus.sh BUILD_DIR RESULTS_DIR [--cpu-only]}")
@@ -192,7 +195,7 @@ services:
     max_message_bytes: $MAX_MESSAGE
     dispatch: $policy
     listeners:
-      - { protocol: udp, listen: 127.0.0.1:0, error_reply: 'ERROR {reason}' }
+      - { protocol: udp, listen: 127.0.0.1:0, error_reply: 'ERROR {reason}'$([ -n "${SPREAD:-}" ] && echo ", spread: $SPREAD") }
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 }, error_reply: 'ERROR {reason}' }
 $(face_destinations "$HANDLER")
 YAML
@@ -223,7 +226,7 @@ accelerator: $accel
 transport: shm
 log_level: info
 cpu: { workers: 1, burst: $GPU_BURST }
-$([ "$CPU_ONLY" -eq 0 ] && echo "gpu: { workers: 0, burst: $GPU_BURST }")
+$([ "$CPU_ONLY" -eq 0 ] && echo "gpu: { workers: 0, burst: $GPU_BURST${GPU_OPTIONS:+, $GPU_OPTIONS} }")
 reconnect_interval_ms: 100
 services:
   - { name: $HANDLER, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE$(client_queues "$HANDLER") }
@@ -257,6 +260,13 @@ start_host_centric() {
   SERVER_PIDS=("$pid")
 }
 
+# save_metrics FILE: snic_server's whole metrics page now (the report takes the means of its
+# latency histograms over a point from the pages before and after it).
+save_metrics() {
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+    "http://127.0.0.1:$METRICS_PORT/metrics" >"$1" 2>/dev/null || rm -f "$1"
+}
+
 # cores_over TICKS FROM TO: TICKS of CPU time over the wall time FROM to TO (date +%s.%N), in
 # cores.
 cores_over() {
@@ -273,7 +283,10 @@ point() {
   [ "$proto" = tcp ] && port=$TCP_PORT
   local name="$experiment-$server-n$count-$proto-$kind${policy:+-$policy}"
   local t0 t1 m0 m1 all0 all1 w0 w1 rc=0 before="" after="" agents="{}"
-  [ -n "$METRICS_PORT" ] && before=$(answered_by_agent)
+  if [ -n "$METRICS_PORT" ]; then
+    before=$(answered_by_agent)
+    save_metrics "$RAW/$name-metrics-before.txt"
+  fi
   t0=$(pid_ticks "${SERVER_PIDS[@]}")
   m0=$(pid_ticks $MC_PID)
   all0=$(machine_ticks)
@@ -296,6 +309,7 @@ point() {
   [ -z "$hook" ] || wait "$hook"
   if [ -n "$METRICS_PORT" ]; then
     after=$(answered_by_agent)
+    save_metrics "$RAW/$name-metrics.txt"
     # Answered per agent over the point (warm-up included), as JSON.
     agents=$(awk -F'\t' 'NR == FNR { b[$1] = $2; next }
       { s = s (s == "" ? "" : ",") sprintf("\"%s\":%d", $1, $2 - b[$1]) }
@@ -403,7 +417,7 @@ gpu_list=$( (nvidia-smi --query-gpu=index,name,driver_version --format=csv,nohea
   echo "  \"kernel\": \"$(uname -sr)\","
   echo "  \"hostname\": \"$(hostname)\","
   echo "  \"servers\": \"$SERVERS\","
-  echo "  \"params\": {\"handler\": \"$HANDLER\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"counts\": \"$COUNTS\", \"rounds\": $ROUNDS, \"size\": $SIZE, \"protos\": \"$PROTOS\", \"threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"agent_queues\": $AGENT_QUEUES, \"gpu_burst\": $GPU_BURST, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"dispatch\": \"$DISPATCH\", \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"loadgen_threads\": $LOADGEN_THREADS, \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"open_fractions\": \"$OPEN_FRACTIONS\", \"slow_delay_us\": $SLOW_DELAY_US, \"loss_agents\": $LOSS_AGENTS, \"loss_duration_s\": $LOSS_DURATION, \"loss_kill_at_s\": $LOSS_KILL_AT, \"sample_ms\": $SAMPLE_MS, \"experiments\": \"$EXPERIMENTS\"},"
+  echo "  \"params\": {\"handler\": \"$HANDLER\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"counts\": \"$COUNTS\", \"rounds\": $ROUNDS, \"size\": $SIZE, \"protos\": \"$PROTOS\", \"threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"agent_queues\": $AGENT_QUEUES, \"gpu_burst\": $GPU_BURST, \"gpu_options\": \"${GPU_OPTIONS:-}\", \"spread\": \"${SPREAD:-default}\", \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"dispatch\": \"$DISPATCH\", \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"loadgen_threads\": $LOADGEN_THREADS, \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"open_fractions\": \"$OPEN_FRACTIONS\", \"slow_delay_us\": $SLOW_DELAY_US, \"loss_agents\": $LOSS_AGENTS, \"loss_duration_s\": $LOSS_DURATION, \"loss_kill_at_s\": $LOSS_KILL_AT, \"sample_ms\": $SAMPLE_MS, \"experiments\": \"$EXPERIMENTS\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

@@ -74,6 +74,9 @@ def load(results):
             p["client_cpu"] = lg.get("client_cpu")
             if "timeline" in lg:
                 p["timeline"] = lg["timeline"]
+        means = histogram_means(os.path.join(raw, p["json"][:-len(".json")]))
+        if means:
+            p["server_means_us"] = means
         points.append(p)
     run["points"] = points
     loss = {}
@@ -86,6 +89,40 @@ def load(results):
     if loss:
         run["loss"] = loss
     return run
+
+
+# The histograms of snic_server whose means over a point the report gives, by short name.
+MEANS = {"service_latency": "caracal_service_latency_seconds",
+         "destination_call": "caracal_destination_call_seconds"}
+
+
+def histogram_sums(path):
+    """{family: (sum, count)} of MEANS' histograms in a metrics page, summed over labels."""
+    out = {}
+    for line in open(path):
+        for family in MEANS.values():
+            for suffix, i in (("_sum", 0), ("_count", 1)):
+                if line.startswith(family + suffix + "{") or line.startswith(family + suffix + " "):
+                    v = list(out.get(family, (0.0, 0.0)))
+                    v[i] += float(line.rsplit(" ", 1)[1])
+                    out[family] = tuple(v)
+    return out
+
+
+def histogram_means(stem):
+    """Means in us over a point of MEANS' histograms, from STEM-metrics-before.txt and
+    STEM-metrics.txt (snic_server's pages before and after it); {} without both."""
+    before, after = stem + "-metrics-before.txt", stem + "-metrics.txt"
+    if not (os.path.exists(before) and os.path.exists(after)):
+        return {}
+    b, a = histogram_sums(before), histogram_sums(after)
+    out = {}
+    for short, family in MEANS.items():
+        s = a.get(family, (0, 0))[0] - b.get(family, (0, 0))[0]
+        n = a.get(family, (0, 0))[1] - b.get(family, (0, 0))[1]
+        if n > 0:
+            out[short] = s / n * 1e6
+    return out
 
 
 def us(ns):
@@ -207,6 +244,20 @@ def machine_section(run, md):
                   + f" | {p['machine_cores']:.1f} | "
                   f"{run['online_cpus'] - p['machine_cores']:.1f} |")
     md.append("")
+    inside = [p for p in pts if p.get("server_means_us")]
+    if inside:
+        md.append("Inside snic_server over each point (means of its histograms): a request from "
+                  "dispatch to its answer (`caracal_service_latency_seconds`) and a handler's "
+                  "call to a destination (`caracal_destination_call_seconds`), us.\n")
+        md.append("| server | proto | accelerators | request in the server | destination call |")
+        md.append("| --- | --- | --- | --- | --- |")
+        for p in sorted(inside, key=lambda p: (p["server"], p["proto"], p["accelerators"])):
+            m = p["server_means_us"]
+            cells = [f"{m[k]:.0f}" if k in m else "-" for k in ("service_latency",
+                                                                 "destination_call")]
+            md.append(f"| {p['server']} | {p['proto']} | {p['accelerators']} | "
+                      + " | ".join(cells) + " |")
+        md.append("")
 
 
 def unequal_section(run, md):

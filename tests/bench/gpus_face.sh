@@ -57,6 +57,11 @@ for n in (1, 2):
         if not (p.get("machine_cores") or 0) >= p["cpu_cores"] * 0.9:
             problems.append(f"scaling {n} {proto}: machine cores {p.get('machine_cores')} "
                             f"below the server's {p['cpu_cores']}")
+        # Caracal's points carry the means of snic_server's histograms over the point: every
+        # face request called memcached, so both are there.
+        means = p.get("server_means_us") or {}
+        if not (means.get("service_latency", 0) > 0 and means.get("destination_call", 0) > 0):
+            problems.append(f"scaling {n} {proto}: server means {means}")
         served = p.get("answered_by_agent") or {}
         if sorted(served) != [f"acc{i}" for i in range(n)] or min(served.values()) <= 0:
             problems.append(f"scaling {n} {proto}: agents answered {served}")
@@ -78,4 +83,6 @@ grep -qF "face verification, 200 references in memcached" "$WORK/out/gpus.md" ||
   { echo "FAIL: gpus.md does not name the face workload"; exit 1; }
 grep -q "^| caracal | udp | 2 | .* | .* | .* | .* | .* | .* |$" "$WORK/out/gpus.md" ||
   { echo "FAIL: gpus.md has no row of the machine's CPUs with memcached's"; exit 1; }
+grep -qE "^\| caracal \| udp \| 2 \| [0-9]+ \| [0-9]+ \|$" "$WORK/out/gpus.md" ||
+  { echo "FAIL: gpus.md has no row of snic_server's request and destination call means"; exit 1; }
 echo "gpus.sh HANDLER=face: scaling and a lost agent, every verdict right"

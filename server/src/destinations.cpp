@@ -42,10 +42,10 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
         failures_(metrics.counter("caracal_destination_failures_total",
                                   "Calls answered with an error (connection failed, bad reply)",
                                   {{"destination", config.name}})),
-        call_seconds_(metrics.histogram(
-            "caracal_destination_call_seconds",
-            "Time from a call reaching the destination's connection to its reply",
-            {{"destination", config.name}}, latency_buckets_seconds())),
+        call_seconds_(
+            metrics.histogram("caracal_destination_call_seconds",
+                              "Time from a call reaching the destination's connection to its reply",
+                              {{"destination", config.name}}, latency_buckets_seconds())),
         timer_(strand_) {
     buffer_.resize(size_t{config_.framing.max_message_bytes} + tunables::kStreamReadSlack);
   }

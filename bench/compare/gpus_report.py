@@ -221,7 +221,8 @@ def scaling_section(run, md):
 
 def machine_section(run, md):
     """The machine's CPUs at each saturation point: the server's, memcached's (face), the
-    client's and the whole machine's, so that a point the machine's CPUs held shows as such."""
+    client's and the whole machine's, so that a point the machine's CPUs held shows as such;
+    then, where snic_server's metrics were kept, its means over each point."""
     pts = [p for p in find(run["points"], experiment="scaling", kind="saturation")
            if p.get("machine_cores") is not None]
     if not pts:

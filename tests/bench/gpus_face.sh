@@ -51,7 +51,8 @@ for n in (1, 2):
         c = p.get("counts") or {}
         if p.get("loadgen_rc") != 0 or c.get("wrong", 1) or c.get("error_replies", 1):
             problems.append(f"scaling {n} {proto}: loadgen {p.get('loadgen_rc')}, counts {c}")
-        # The machine spent at least what the server did.
+        # memcached's cores are measured at every point, and the machine spent at least what
+        # the server did.
         if not isinstance(p.get("memcached_cores"), float):
             problems.append(f"scaling {n} {proto}: memcached cores {p.get('memcached_cores')}")
         if not (p.get("machine_cores") or 0) >= p["cpu_cores"] * 0.9:

@@ -171,10 +171,11 @@ MC_PID=
 trap 'stop_servers; [ -z "$MC_PID" ] || kill -KILL "$MC_PID" 2>/dev/null' EXIT
 
 
-# answered_by_agent: "agent<TAB>answered" lines from snic_server's metrics (its per-queue
-# caracal_queue_answered_requests, summed per agent).
+# answered_by_agent FILE: "agent<TAB>answered" lines from a metrics page that save_metrics
+# kept (snic_server's per-queue caracal_queue_answered_requests, summed per agent); none
+# without it.
 answered_by_agent() {
-  python3 "$HERE/gpus_report.py" --scrape "http://127.0.0.1:$METRICS_PORT/metrics"
+  [ -f "$1" ] && python3 "$HERE/gpus_report.py" --scrape "$1"
 }
 
 # start_caracal NAME AGENTS POLICY [SLOW_AGENT]: snic_server and AGENTS agents (agent i on
@@ -263,8 +264,8 @@ start_host_centric() {
 # save_metrics FILE: snic_server's whole metrics page now (the report takes the means of its
 # latency histograms over a point from the pages before and after it).
 save_metrics() {
-  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
-    "http://127.0.0.1:$METRICS_PORT/metrics" >"$1" 2>/dev/null || rm -f "$1"
+  python3 "$HERE/gpus_report.py" --page "http://127.0.0.1:$METRICS_PORT/metrics" >"$1" \
+    2>/dev/null || rm -f "$1"
 }
 
 # cores_over TICKS FROM TO: TICKS of CPU time over the wall time FROM to TO (date +%s.%N), in
@@ -284,8 +285,8 @@ point() {
   local name="$experiment-$server-n$count-$proto-$kind${policy:+-$policy}"
   local t0 t1 m0 m1 all0 all1 w0 w1 rc=0 before="" after="" agents="{}"
   if [ -n "$METRICS_PORT" ]; then
-    before=$(answered_by_agent)
     save_metrics "$RAW/$name-metrics-before.txt"
+    before=$(answered_by_agent "$RAW/$name-metrics-before.txt")
   fi
   t0=$(pid_ticks "${SERVER_PIDS[@]}")
   m0=$(pid_ticks $MC_PID)
@@ -308,8 +309,8 @@ point() {
   all1=$(machine_ticks)
   [ -z "$hook" ] || wait "$hook"
   if [ -n "$METRICS_PORT" ]; then
-    after=$(answered_by_agent)
     save_metrics "$RAW/$name-metrics.txt"
+    after=$(answered_by_agent "$RAW/$name-metrics.txt")
     # Answered per agent over the point (warm-up included), as JSON.
     agents=$(awk -F'\t' 'NR == FNR { b[$1] = $2; next }
       { s = s (s == "" ? "" : ",") sprintf("\"%s\":%d", $1, $2 - b[$1]) }

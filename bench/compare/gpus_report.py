@@ -2,7 +2,9 @@
 """The report of a bench/compare/gpus.sh run, and the metric scrapes the script takes as it runs.
 
     gpus_report.py RESULTS_DIR                     gpus.json, gpus.md and, with matplotlib, plots
-    gpus_report.py --scrape URL                    "agent<TAB>answered" lines, now
+    gpus_report.py --page URL                      the metrics page, now
+    gpus_report.py --scrape URL|FILE               "agent<TAB>answered" lines, now or from a
+                                                   page that --page saved
     gpus_report.py --sample URL OUT INTERVAL_MS    the same every INTERVAL_MS ms as JSON lines
                                                    ({"t": unix seconds, "answered": {...}}) into
                                                    OUT, until SIGTERM
@@ -28,9 +30,16 @@ import urllib.request
 AGENT_RE = re.compile(r'agent="([^"]*)"')
 
 
-def scrape(url):
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
+def page(source):
+    """snic_server's metrics page: fetched from an http URL, or read from a file."""
+    if not source.startswith("http"):
+        return open(source).read()
+    with urllib.request.urlopen(source, timeout=5) as r:
+        return r.read().decode()
+
+
+def scrape(source):
+    text = page(source)
     out = {}
     for line in text.splitlines():
         if not line.startswith("caracal_queue_answered_requests{"):
@@ -482,6 +491,9 @@ def report(results):
 
 
 def main(argv):
+    if len(argv) == 3 and argv[1] == "--page":
+        sys.stdout.write(page(argv[2]))
+        return 0
     if len(argv) == 3 and argv[1] == "--scrape":
         for agent, n in sorted(scrape(argv[2]).items()):
             print(f"{agent}\t{n}")

@@ -115,6 +115,67 @@ machine_ticks() {
   awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
 }
 
+# cpus_ticks LIST: CPU ticks so far that the CPUs of LIST (a taskset list, "0-3,8") spent busy,
+# from their /proc/stat lines as machine_ticks: whatever ran there, a process or the kernel's
+# softirq work for packets steered to them.
+cpus_ticks() {
+  awk -v list="$1" '
+    BEGIN { n = split(list, parts, ",")
+            for (i = 1; i <= n; i++)
+              if (split(parts[i], r, "-") == 2) { for (c = r[1] + 0; c <= r[2] + 0; c++) want["cpu" c] = 1 }
+              else want["cpu" parts[i]] = 1 }
+    $1 in want { s += $2 + $3 + $4 + $7 + $8 + $9 }
+    END { print s + 0 }' /proc/stat
+}
+
+# rps_mask LIST: the CPUs of a taskset list as the hex mask that sysfs's rps_cpus takes (32-bit
+# groups, most significant first, comma-separated).
+rps_mask() {
+  python3 -c '
+import sys
+mask = 0
+for part in sys.argv[1].split(","):
+    lo, _, hi = part.partition("-")
+    for c in range(int(lo), int(hi or lo) + 1):
+        mask |= 1 << c
+words = []
+while True:
+    words.append(f"{mask & 0xffffffff:08x}")
+    mask >>= 32
+    if not mask:
+        break
+print(",".join(reversed(words)))' "$1"
+}
+
+# client_netns_up NAME SERVER_CPUS CLIENT_CPUS: a network namespace NAME for the client, joined
+# to this one by a veth pair (NAME-s here, 10.203.0.1; NAME-c there, 10.203.0.2), with each
+# side's receive steered by RPS to its own CPUs. Over loopback, the sending core also runs the
+# receiver's TCP/UDP input, so client and server share the kernel's work and state; here, as
+# with a NIC, the server's CPUs take its packets' input and the client's CPUs the replies'.
+# Needs root and iproute2; NAME at most 13 characters. Undone by client_netns_down NAME.
+client_netns_up() {
+  local ns=$1 server_mask client_mask
+  server_mask=$(rps_mask "$2") && client_mask=$(rps_mask "$3") || return 1
+  if ip -4 addr show | grep -q ' 10\.203\.0\.1/'; then
+    echo "client_netns_up: 10.203.0.1 is already on an interface (another run?)" >&2
+    return 1
+  fi
+  ip netns add "$ns" &&
+    ip link add "$ns-s" type veth peer name "$ns-c" netns "$ns" &&
+    ip addr add 10.203.0.1/30 dev "$ns-s" && ip link set "$ns-s" up &&
+    echo "$server_mask" >"/sys/class/net/$ns-s/queues/rx-0/rps_cpus" &&
+    ip netns exec "$ns" sh -c "ip link set lo up && ip addr add 10.203.0.2/30 dev $ns-c &&
+      ip link set $ns-c up && echo $client_mask >/sys/class/net/$ns-c/queues/rx-0/rps_cpus" ||
+    { echo "client_netns_up: could not set up the namespace $ns" >&2; client_netns_down "$ns"; return 1; }
+}
+
+# client_netns_down NAME: removes the namespace (and with it the veth pair).
+client_netns_down() {
+  ip netns del "$1" 2>/dev/null
+  ip link del "$1-s" 2>/dev/null
+  return 0
+}
+
 # start_memcached: a memcached of the run's own for the face references ($MEMCACHED, on a free
 # loopback port, $MEMCACHED_THREADS threads; as nobody when root), loaded with $FACE_PERSONS
 # references by $FACE_LOADER. Sets MC_PORT and MC_PID (the caller kills it); its logs go to

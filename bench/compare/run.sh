@@ -68,7 +68,12 @@
 # thread name, shared object and symbol, as raw/NAME-perf.txt), HOLD_TO (a server of SERVERS:
 # see below), HOLD_THREADS, HOLD_PERIOD_US, SERVER_CPUS and CLIENT_CPUS (taskset CPU lists: the
 # servers with their agents, and caracal_loadgen, each kept to its own CPUs; unset: anywhere),
-# SPREAD (Caracal's UDP listener's `spread`, flows or datagrams; unset: the server's default).
+# SPREAD (Caracal's UDP listener's `spread`, flows or datagrams; unset: the server's default),
+# CLIENT_NETNS (1: caracal_loadgen and sockperf run in a network namespace of their own, joined
+# by a veth pair, each side's packets taken in by its own CPUs, as a client on another host would
+# have it; needs root, iproute2, SERVER_CPUS and CLIENT_CPUS; lib.sh's client_netns_up says
+# why. Unset: loopback). With SERVER_CPUS, each point also records server_cpus_cores: how busy
+# those CPUs were over it, whatever ran there (the kernel's work for the server's packets too).
 #
 # Held points (HOLD_TO set, e.g. host_centric; needs root and a cgroup CPU controller, v2 or v1):
 # after the sessions above, Caracal runs each saturation point again inside a cgroup whose CPU
@@ -206,7 +211,27 @@ trap 'stop_servers; hold_remove; [ -z "$MC_PID" ] || kill -KILL "$MC_PID" 2>/dev
 log() { echo "[$(($(date +%s) - T0))s] $*" >&2; }
 
 source "$(dirname "$0")/lib.sh"  # wait_for_line, hold_*, start_memcached, face_destinations,
-                                     # client_queues
+                                     # client_queues, cpus_ticks, client_netns_*
+
+# Where the servers listen for clients, and how a client is started (CLIENT_NETNS).
+DATA_ADDR=127.0.0.1
+CLIENT_NS=
+if [ "${CLIENT_NETNS:-0}" = 1 ]; then
+  [ -n "${SERVER_CPUS:-}" ] && [ -n "${CLIENT_CPUS:-}" ] ||
+    { echo "run.sh: CLIENT_NETNS needs SERVER_CPUS and CLIENT_CPUS (each side's packets go to its CPUs)" >&2; exit 2; }
+  [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null ||
+    { echo "run.sh: CLIENT_NETNS needs root and iproute2's ip" >&2; exit 2; }
+  CLIENT_NS="cb$$"
+  client_netns_up "$CLIENT_NS" "$SERVER_CPUS" "$CLIENT_CPUS" || exit 2
+  trap 'stop_servers; hold_remove; [ -z "$MC_PID" ] || kill -KILL "$MC_PID" 2>/dev/null; client_netns_down "$CLIENT_NS"' EXIT
+  DATA_ADDR=10.203.0.1
+  log "clients in the network namespace $CLIENT_NS, the servers on $DATA_ADDR (veth, RPS)"
+fi
+# CLIENT: the prefix that starts a client (loadgen, sockperf) where CLIENT_NETNS and CLIENT_CPUS
+# put it.
+CLIENT=()
+[ -n "$CLIENT_NS" ] && CLIENT+=(ip netns exec "$CLIENT_NS")
+[ -n "${CLIENT_CPUS:-}" ] && CLIENT+=(taskset -c "$CLIENT_CPUS")
 
 # launch COMMAND...: runs COMMAND (in the background), in the held group while HOLDING is 1.
 launch() {
@@ -270,8 +295,8 @@ services:
     max_message_bytes: $MAX_MESSAGE
     dispatch: round_robin
     listeners:
-      - { protocol: udp, listen: 127.0.0.1:0$([ -n "${SPREAD:-}" ] && echo ", spread: $SPREAD") }
-      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
+      - { protocol: udp, listen: $DATA_ADDR:0$([ -n "${SPREAD:-}" ] && echo ", spread: $SPREAD") }
+      - { protocol: tcp, listen: $DATA_ADDR:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
 $(face_destinations "$handler")
 YAML
       launch "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
@@ -280,8 +305,8 @@ YAML
       wait_for_line "$log-server.log" "serving [0-9]+ service" 20 || return 1
       local control
       control=$(sed -nE 's/.*control endpoint on .* \(port ([0-9]+)\).*/\1/p' "$log-server.log")
-      UDP_PORT=$(sed -nE 's#.*listening on udp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$log-server.log" | head -1)
-      TCP_PORT=$(sed -nE 's#.*listening on tcp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$log-server.log" | head -1)
+      UDP_PORT=$(sed -nE "s#.*listening on udp/$DATA_ADDR:0 \\(port ([0-9]+)\).*#\\1#p" "$log-server.log" | head -1)
+      TCP_PORT=$(sed -nE "s#.*listening on tcp/$DATA_ADDR:0 \\(port ([0-9]+)\).*#\\1#p" "$log-server.log" | head -1)
       METRICS_PORT=$(sed -nE 's/.*metrics on http:.*:([0-9]+)\/metrics.*/\1/p' "$log-server.log")
       # AGENTS agents, each with AGENT_QUEUES queues; with several on a GPU accelerator, agent
       # i on gpu:i.
@@ -328,7 +353,8 @@ YAML
       [ "$handler" = face ] &&
         extra+=(--memcached "127.0.0.1:$MC_PORT" --memcached-timeout-ms "$FACE_TIMEOUT_MS")
       ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} \
-        "$bin" --handler "$handler" --threads "$THREADS" --max-message-bytes $MAX_MESSAGE \
+        "$bin" --handler "$handler" --address "$DATA_ADDR" --threads "$THREADS" \
+        --max-message-bytes $MAX_MESSAGE \
         "${extra[@]}" >"$log-server.log" 2>&1 &
       local pid=$!
       PIDS+=("$pid")
@@ -381,13 +407,14 @@ point() {
   [ "$HOLDING" = 1 ] && hold_before=$(hold_stat)
   local idle0
   idle0=$(engine_idle_seconds)
+  local c0= c1=
+  [ -n "${SERVER_CPUS:-}" ] && c0=$(cpus_ticks "$SERVER_CPUS")
   t0=$(ticks)
   p0=$(ticks "${SERVER_PIDS[0]}")
   w0=$(date +%s.%N)
   local face_args=()
   [ "$handler" = face ] && face_args=(--face-persons "$FACE_PERSONS")
-  ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} \
-    "$LOADGEN" --port "$port" --proto "$proto" --handler "$handler" --size "$size" "${face_args[@]}" \
+  "${CLIENT[@]}" "$LOADGEN" --host "$DATA_ADDR" --port "$port" --proto "$proto" --handler "$handler" --size "$size" "${face_args[@]}" \
     --warmup "$WARMUP" --duration "$DURATION" --json "$RAW/$name.json" --label "$name" \
     $LOADGEN_ARGS "$@" \
     >"$RAW/$name.out" 2>&1 &
@@ -401,6 +428,7 @@ point() {
   w1=$(date +%s.%N)
   t1=$(ticks)
   p1=$(ticks "${SERVER_PIDS[0]}")
+  [ -n "$c0" ] && c1=$(cpus_ticks "$SERVER_CPUS")
   local idle_cores=null idle1
   idle1=$(engine_idle_seconds)
   if [ -n "$idle0" ] && [ -n "$idle1" ]; then
@@ -425,6 +453,9 @@ point() {
   # The first process alone: snic_server without its agent, for Caracal.
   process_cores=$(awk -v t="$((p1 - p0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
     'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
+  local cpus_cores=null
+  [ -n "$c0" ] && cpus_cores=$(awk -v t="$((c1 - c0))" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" \
+    'BEGIN { printf "%.3f", (t / hz) / (b - a) }')
   if [ "$kind" = saturation ]; then
     threads=$(threads_json "$threads_before" "$(thread_ticks)" \
       "$(awk -v a="$w0" -v b="$w1" 'BEGIN { print b - a }')")
@@ -437,9 +468,9 @@ point() {
       "$HOLD_TO" "$HOLD_CORES" "$THREADS" "$HOLD_PERIOD_US" \
       "\"periods\":$(($3 - $1)),\"throttled\":$(($4 - $2))")
   fi
-  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s",%s%s"loadgen_rc":%d,"cpu_cores":%s,"process_cores":%s,"engine_idle_cores":%s,"threads":%s,"json":"%s"}\n' \
+  printf '{"server":"%s","handler":"%s","proto":"%s","size":%s,"kind":"%s",%s%s"loadgen_rc":%d,"cpu_cores":%s,"process_cores":%s,"server_cpus_cores":%s,"engine_idle_cores":%s,"threads":%s,"json":"%s"}\n' \
     "$server" "$handler" "$proto" "$size" "$kind" "${ROUND:+\"round\":$ROUND,}" "$hold" "$rc" \
-    "$cores" "$process_cores" "$idle_cores" "$threads" "$name.json" >>"$POINTS"
+    "$cores" "$process_cores" "$cpus_cores" "$idle_cores" "$threads" "$name.json" >>"$POINTS"
   log "$name: $(head -1 "$RAW/$name.out") [server cores $cores]"
   [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
 }
@@ -454,7 +485,7 @@ sockperf_point() {
   local secs
   secs=$(awk -v d="$DURATION" 'BEGIN { s = int(d + 0.999); print (s < 1 ? 1 : s) }')
   # --full-rtt: round trips, as loadgen measures them (sockperf's default is half of one).
-  timeout $((secs + 30)) "$SOCKPERF" ping-pong -i 127.0.0.1 -p "$UDP_PORT" -m "$size" -t "$secs" \
+  timeout $((secs + 30)) "${CLIENT[@]}" "$SOCKPERF" ping-pong -i "$DATA_ADDR" -p "$UDP_PORT" -m "$size" -t "$secs" \
     --full-rtt >"$RAW/$name.txt" 2>&1
   local rc=$?
   w1=$(date +%s.%N)
@@ -629,7 +660,7 @@ fi
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"low_load_servers\": \"$LOW_LOAD_SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"agents\": ${AGENTS:-1}, \"gpu_workers\": ${GPU_WORKERS:-0}, \"gpu_options\": \"${GPU_OPTIONS:-}\", \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\"},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"agents\": ${AGENTS:-1}, \"gpu_workers\": ${GPU_WORKERS:-0}, \"gpu_options\": \"${GPU_OPTIONS:-}\", \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\", \"client_netns\": ${CLIENT_NETNS:-0}},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

@@ -11,9 +11,11 @@
 # from BUILD_DIR; each version's server is its SNIC_BINARY. `engine_threads` is left out of the
 # config, so each version runs its own default. SIZES_NAME (e.g. SIZES_old="1024") gives one
 # version other sizes, and SPREAD_NAME (flows or datagrams) another UDP `spread`, so that one
-# binary can run as two versions (flows=BIN datagrams=BIN), and GPU_OPTIONS_NAME (run.sh's
-# GPU_OPTIONS, e.g. "busy_polls: 0") another agent GPU policy. threads_report.py RESULTS_DIR
-# then writes threads.json, threads.md and, with matplotlib, the plots.
+# binary can run as two versions (flows=BIN datagrams=BIN), GPU_OPTIONS_NAME (run.sh's
+# GPU_OPTIONS, e.g. "busy_polls: 0") another agent GPU policy, and CLIENT_NETNS_NAME (run.sh's
+# CLIENT_NETNS: 1, the client in a network namespace of its own, 0 over loopback) another way to
+# the client (loopback=BIN veth=BIN CLIENT_NETNS_veth=1). threads_report.py RESULTS_DIR then
+# writes threads.json, threads.md and, with matplotlib, the plots.
 #
 # Knobs (environment; the rest pass through to run.sh): IO_THREADS ("2 4 8 12 16 24 32"),
 # HANDLERS (matvec), SIZES (1024), OPEN_RATES (none; e.g. "500000 1000000"), OPEN_SIZES (the
@@ -22,7 +24,10 @@
 # and its agent on the hyperthreads of the first half of the physical cores, the client on the
 # rest, through run.sh's SERVER_CPUS and CLIENT_CPUS; server:N: the first N physical cores to
 # the server and its agent, the rest to the client, so that a many-core client can hold the
-# server to its own limit; unset: anywhere).
+# server to its own limit; server:threads: as server:N with N the count of I/O threads at each
+# count, a server of as many cores as threads; unset: anywhere), SAT_PER_THREAD (C: at each
+# count, SAT_CONNECTIONS and LOADGEN_THREADS are C times the I/O threads, the load per thread
+# held; unset: the same load at every count).
 set -uo pipefail
 build=$(realpath "${1:?usage: threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...}")
 results=${2:?usage: threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...}
@@ -45,13 +50,17 @@ export OPEN_SIZES="" OPEN_FRACTIONS="" LOW_LOAD_ROUNDS=0 SERVERS=caracal
 [ -n "${OPEN_RATES:-}" ] && export OPEN_SIZES=$open_sizes OPEN_RATES
 unset ENGINE_THREADS
 case "${PIN:-}" in
-  "" | halves) ;;
+  "" | halves | server:threads) ;;
   server:[1-9]*) ;;
-  *) echo "threads.sh: PIN is halves or server:N, not '$PIN'" >&2; exit 2 ;;
+  *) echo "threads.sh: PIN is halves, server:N or server:threads, not '$PIN'" >&2; exit 2 ;;
 esac
-if [ -n "${PIN:-}" ]; then
+# pin_cpus COUNT: SERVER_CPUS and CLIENT_CPUS for PIN at COUNT I/O threads (exported).
+pin_cpus() {
+  [ -n "${PIN:-}" ] || return 0
+  local pin=$PIN
+  [ "$pin" = server:threads ] && pin=server:$1
   # Physical cores by (package, core id), in the order of their lowest CPU number.
-  read -r SERVER_CPUS CLIENT_CPUS < <(PIN="$PIN" python3 - <<'PY'
+  read -r SERVER_CPUS CLIENT_CPUS < <(PIN="$pin" python3 - <<'PY'
 import collections, glob, os, sys
 cores = collections.defaultdict(list)
 for d in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
@@ -66,10 +75,15 @@ if not 0 < half < len(keys):
 cpus = lambda ks: ",".join(str(c) for k in ks for c in sorted(cores[k]))
 print(cpus(keys[:half]), cpus(keys[half:]))
 PY
-  ) || exit 2
+  ) || return 1
   export SERVER_CPUS CLIENT_CPUS
   echo "threads.sh: the server on CPUs $SERVER_CPUS, the client on $CLIENT_CPUS"
-fi
+}
+case "${SAT_PER_THREAD:-}" in
+  "" | [1-9] | [1-9][0-9]) ;;
+  *) echo "threads.sh: SAT_PER_THREAD is a count of connections per thread, not '$SAT_PER_THREAD'" >&2
+     exit 2 ;;
+esac
 sizes=${SIZES:-1024}
 counts=${IO_THREADS:-"2 4 8 12 16 24 32"}
 
@@ -86,14 +100,20 @@ for n in $counts; do
     for ((i = ${#specs[@]} - 1; i >= 0; i--)); do order+=("${specs[i]}"); done
   fi
   turn=$((turn + 1))
+  pin_cpus "$n" || exit 2
+  if [ -n "${SAT_PER_THREAD:-}" ]; then
+    export SAT_CONNECTIONS=$((SAT_PER_THREAD * n)) LOADGEN_THREADS=$((SAT_PER_THREAD * n))
+  fi
   for spec in "${order[@]}"; do
     name=${spec%%=*}
     var="SIZES_$name"
     spread_var="SPREAD_$name"
     gpu_var="GPU_OPTIONS_$name"
+    netns_var="CLIENT_NETNS_$name"
     echo "== $name, io_threads $n"
     THREADS=$n SIZES=${!var:-$sizes} SPREAD=${!spread_var:-${SPREAD:-}} \
-      GPU_OPTIONS=${!gpu_var:-${GPU_OPTIONS:-}} SNIC=${spec#*=} \
+      GPU_OPTIONS=${!gpu_var:-${GPU_OPTIONS:-}} CLIENT_NETNS=${!netns_var:-${CLIENT_NETNS:-0}} \
+      SNIC=${spec#*=} \
       CARACAL_COMMIT="$name" \
       "$here/run.sh" "$build" "$results/$name/t$n" 2>&1 | grep -E 'saturation|latency|done|run.sh' ||
       failed=$((failed + 1))

@@ -54,6 +54,8 @@ def rows(runs):
                 "rps": p.get("throughput_rps"),
                 "server_cores": p.get("process_cores"),
                 "server_and_agent_cores": p.get("cpu_cores"),
+                # run.sh's SERVER_CPUS: how busy the server's CPUs were, whatever ran there.
+                "cpus_cores": p.get("server_cpus_cores"),
                 "thread_cores": p.get("threads") or {},
                 # The I/O threads' time that served (each hosts an engine thread by default):
                 # their count less the seconds per second they found no work.
@@ -78,6 +80,12 @@ def per_busy_core(r):
     if not r or not r.get("rps") or not r.get("busy_cores"):
         return None
     return r["rps"] / r["busy_cores"]
+
+
+def per_cpu(r):
+    if not r or not r.get("rps") or not r.get("cpus_cores"):
+        return None
+    return r["rps"] / r["cpus_cores"]
 
 
 def f3(v):
@@ -116,10 +124,19 @@ def markdown(run_facts, table, versions, args):
                f"{run_facts.get('params', {}).get('loadgen_threads', '?')} client threads; "
                "cores are snic_server's process alone (utime + stime over the point), not the "
                "agent's; `engine_threads` is each version's default.")
-    params = run_facts.get("params") or {}
-    if params.get("server_cpus"):
-        out[-1] += (f" The server and its agent ran on CPUs {params['server_cpus']}, the client "
-                    f"on {params.get('client_cpus')} (taskset).")
+    pinned = run_facts.get("pinned") or {}
+    if len(set(pinned.values())) == 1:
+        server_cpus, client_cpus = next(iter(pinned.values()))
+        out[-1] += (f" The server and its agent ran on CPUs {server_cpus}, the client on "
+                    f"{client_cpus} (taskset).")
+    elif pinned:
+        out[-1] += (" The server and its agent ran on CPUs of their own, the client on the rest "
+                    "(taskset): " + "; ".join(f"at {t} I/O threads, {sc} and {cc}"
+                                              for t, (sc, cc) in sorted(pinned.items())) + ".")
+    if run_facts.get("netns_versions"):
+        out[-1] += (f" The client of {', '.join(run_facts['netns_versions'])} ran in a network "
+                    "namespace of its own, joined by a veth pair, each side's packets taken in "
+                    "on its own CPUs by RPS (run.sh's CLIENT_NETNS); the others' over loopback.")
     out.append("")
     keys = sorted({(r["handler"], r["proto"], r["size"]) for r in table})
     for handler, proto, size in keys:
@@ -136,14 +153,17 @@ def markdown(run_facts, table, versions, args):
         out.append(f"## {handler}, {proto.upper()} {size} B")
         out.append("")
         busy = any(r.get("busy_cores") is not None for r in sat.values())
+        cpus = any(r.get("cpus_cores") is not None for r in sat.values())
         head = "| io_threads |"
         for v in have:
             head += f" {v}: req/s | {v}: cores | {v}: req/s per core |"
             if busy:
                 head += f" {v}: busy cores | {v}: req/s per busy core |"
+            if cpus:
+                head += f" {v}: server CPUs busy | {v}: req/s per busy CPU |"
             head += f" {v}: p50 at 1 connection |"
         out.append(head)
-        out.append("|" + " --- |" * (1 + (6 if busy else 4) * len(have)))
+        out.append("|" + " --- |" * (1 + (4 + 2 * busy + 2 * cpus) * len(have)))
         for t in counts:
             line = f"| {t} |"
             for v in have:
@@ -151,9 +171,17 @@ def markdown(run_facts, table, versions, args):
                 line += f" {k(r and r['rps'])} | {f2(r and r['server_cores'])} | {k(per_core(r))} |"
                 if busy:
                     line += f" {f2(r and r.get('busy_cores'))} | {k(per_busy_core(r))} |"
+                if cpus:
+                    line += f" {f2(r and r.get('cpus_cores'))} | {k(per_cpu(r))} |"
                 line += f" {f2(lat.get((v, t), {}).get('p50_us'))} us |"
             out.append(line)
         out.append("")
+        if cpus:
+            out.append("Server CPUs busy: how busy the CPUs that the server and its agent were "
+                       "kept to (SERVER_CPUS) were over the point, whatever ran there: the "
+                       "processes, and the kernel's softirq work for packets taken in on them "
+                       "(/proc/stat).")
+            out.append("")
         if busy:
             out.append("Busy cores: the I/O threads (each runs an engine thread) less the seconds "
                        "per second they spent in rounds without work, spinning or asleep "
@@ -327,6 +355,14 @@ def main():
     facts = next(iter(runs.values()))
     facts = {key: facts.get(key) for key in ("date_utc", "gpu", "cpu_model", "online_cpus",
                                              "caracal_accelerator", "kernel", "params")}
+    # Where each thread count's server and client were kept (run.sh's SERVER_CPUS and
+    # CLIENT_CPUS; threads.sh's PIN may give each count its own), and which versions had their
+    # client in a network namespace.
+    facts["pinned"] = {t: (r["params"]["server_cpus"], r["params"].get("client_cpus"))
+                       for (_, t), r in runs.items() if (r.get("params") or {}).get("server_cpus")}
+    facts["netns_versions"] = sorted(n for n in versions
+                                     if any(str((r.get("params") or {}).get("client_netns", 0))
+                                            == "1" for (m, _), r in runs.items() if m == n))
     json.dump({"facts": facts, "versions": versions, "points": table},
               open(os.path.join(args.results, "threads.json"), "w"), indent=1)
     text = markdown(facts, table, versions, args)

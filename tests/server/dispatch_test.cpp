@@ -3,6 +3,7 @@
 // the queue the policy chose.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <string>
@@ -78,6 +79,26 @@ TEST_F(DispatchTest, FlowAffinityKeepsAFlowOnOneQueue) {
   for (int i = 0; i < 3; ++i)
     (void)service_->dispatch(i, "x", /*flow=*/7, false);
   EXPECT_EQ(waiting(), (std::vector<uint32_t>{0, 0, 5, 3}));
+}
+
+// Listeners' identifiers a queue count apart (the TCP connections that one I/O thread gets when
+// connections are dealt to the threads in turn) must not all land on one queue, as they did
+// when the identifier itself was the flow.
+TEST_F(DispatchTest, FlowKeysSpreadIdentifiersAQueueCountApart) {
+  make_service(DispatchPolicy::kFlowAffinity);
+  for (uint64_t id = 3; id < 3 + 4 * 16; id += 4) {
+    for (int i = 0; i < 2; ++i) {
+      // Queued, on a congested queue too (may_exceed, as TCP does): no request moves on.
+      const DispatchStatus st = service_->dispatch(id * 2 + i, "x", flow_key(id), true);
+      EXPECT_TRUE(st == DispatchStatus::kQueued || st == DispatchStatus::kCongested) << id;
+    }
+  }
+  const std::vector<uint32_t> w = waiting();
+  EXPECT_GE(std::count_if(w.begin(), w.end(), [](uint32_t n) { return n > 0; }), 3)
+      << "16 connections on " << w[0] << " " << w[1] << " " << w[2] << " " << w[3];
+  for (const uint32_t n : w)
+    EXPECT_EQ(n % 2, 0u) << "a connection's two requests went to two queues";
+  EXPECT_NE(flow_key(1), flow_key(2));
 }
 
 TEST_F(DispatchTest, LeastLoadedPicksTheQueueWithFewestOutstanding) {

@@ -11,6 +11,7 @@
 
 #include "caracal/core/status.hpp"
 #include "caracal/server/config.hpp"
+#include "caracal/server/dispatch.hpp"
 #include "caracal/server/front/listeners.hpp"
 #include "caracal/server/metrics/drops.hpp"
 #include "caracal/server/metrics/metrics.hpp"
@@ -53,7 +54,8 @@ inline std::string listener_name(const ListenerConfig& c) {
   return std::string(c.protocol == Protocol::kUdp ? "udp/" : "tcp/") + c.listen.str();
 }
 
-// A UDP peer's flow for flow_affinity: its address and port, hashed without formatting them.
+// A UDP peer's flow for flow_affinity: its address and port, hashed without formatting them
+// (flow_key() spreads the hash's bits, which the multiplications leave in the high ones).
 inline uint64_t flow_of(const boost::asio::ip::udp::endpoint& peer) {
   uint64_t h = peer.port();
   const auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001B3ULL; };
@@ -63,7 +65,7 @@ inline uint64_t flow_of(const boost::asio::ip::udp::endpoint& peer) {
     for (const unsigned char b : peer.address().to_v6().to_bytes())
       mix(b);
   }
-  return h;
+  return flow_key(h);
 }
 
 }  // namespace caracal::server

@@ -341,7 +341,8 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
       next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
       pending_.emplace_back();
       shared_->stats.requests.inc();
-      switch (shared_->service.dispatch(*token_base_ | seq, std::move(bytes), id_, true)) {
+      switch (
+          shared_->service.dispatch(*token_base_ | seq, std::move(bytes), flow_key(id_), true)) {
         case DispatchStatus::kQueued:
           break;
         case DispatchStatus::kCongested:

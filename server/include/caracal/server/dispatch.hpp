@@ -47,6 +47,19 @@
 
 namespace caracal::server {
 
+// A listener's identifier of a flow made into the `flow` that Service::dispatch() takes: every
+// bit of it mixed into the low bits, which flow_affinity keeps (the key modulo the queues
+// chosen among). Identifiers are not random: a TCP connection's is its listener's count of
+// connections so far, and connections are dealt to the I/O threads in turn, so one thread's
+// connections have identifiers a thread count apart. Taken modulo that thread's queues as they
+// were, every connection of a thread went to one queue whenever the queue count divided the
+// thread count. (The finalizer of SplitMix64: a bijection, so distinct flows stay distinct.)
+constexpr uint64_t flow_key(uint64_t id) {
+  id = (id ^ (id >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  id = (id ^ (id >> 27)) * 0x94D049BB133111EBULL;
+  return id ^ (id >> 31);
+}
+
 enum class DispatchStatus : uint8_t {
   kQueued,     // in a queue's inbox; the reply will come through the token
   kCongested,  // queued, but the queue holds a ring's worth of waiting requests: stop reading
@@ -66,8 +79,9 @@ class Service final : public EngineEvents {
   const ServiceConfig& config() const { return config_; }
 
   // Sends a request to a queue chosen by the policy. `flow` identifies the connection or peer
-  // for flow_affinity. `may_exceed` queues it even on a congested queue (TCP has already read
-  // it); otherwise a congested queue refuses it (kFull).
+  // for flow_affinity, which takes it modulo the queues: listeners pass flow_key() of theirs.
+  // `may_exceed` queues it even on a congested queue (TCP has already read it); otherwise a
+  // congested queue refuses it (kFull).
   DispatchStatus dispatch(uint64_t token, std::string bytes, uint64_t flow, bool may_exceed);
 
   // Membership, from the control endpoint. add() fails if the region cannot carry the

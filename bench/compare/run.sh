@@ -69,6 +69,8 @@
 # see below), HOLD_THREADS, HOLD_PERIOD_US, SERVER_CPUS and CLIENT_CPUS (taskset CPU lists: the
 # servers with their agents, and caracal_loadgen, each kept to its own CPUs; unset: anywhere),
 # SPREAD (Caracal's UDP listener's `spread`, flows or datagrams; unset: the server's default),
+# DISPATCH (Caracal's service `dispatch`: round_robin, the default here, least_loaded or
+# flow_affinity),
 # CLIENT_NETNS (1: caracal_loadgen and sockperf run in a network namespace of their own, joined
 # by a veth pair, each side's packets taken in by its own CPUs, as a client on another host would
 # have it; needs root, iproute2, SERVER_CPUS and CLIENT_CPUS; lib.sh's client_netns_up says
@@ -293,7 +295,7 @@ metrics: { listen: 127.0.0.1:0 }
 services:
   - name: $handler
     max_message_bytes: $MAX_MESSAGE
-    dispatch: round_robin
+    dispatch: ${DISPATCH:-round_robin}
     listeners:
       - { protocol: udp, listen: $DATA_ADDR:0$([ -n "${SPREAD:-}" ] && echo ", spread: $SPREAD") }
       - { protocol: tcp, listen: $DATA_ADDR:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
@@ -660,7 +662,7 @@ fi
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"low_load_servers\": \"$LOW_LOAD_SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"agents\": ${AGENTS:-1}, \"gpu_workers\": ${GPU_WORKERS:-0}, \"gpu_options\": \"${GPU_OPTIONS:-}\", \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\", \"client_netns\": ${CLIENT_NETNS:-0}},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"agents\": ${AGENTS:-1}, \"gpu_workers\": ${GPU_WORKERS:-0}, \"gpu_options\": \"${GPU_OPTIONS:-}\", \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\", \"dispatch\": \"${DISPATCH:-round_robin}\", \"client_netns\": ${CLIENT_NETNS:-0}},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

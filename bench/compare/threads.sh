@@ -12,9 +12,10 @@
 # config, so each version runs its own default. SIZES_NAME (e.g. SIZES_old="1024") gives one
 # version other sizes, and SPREAD_NAME (flows or datagrams) another UDP `spread`, so that one
 # binary can run as two versions (flows=BIN datagrams=BIN), GPU_OPTIONS_NAME (run.sh's
-# GPU_OPTIONS, e.g. "busy_polls: 0") another agent GPU policy, and CLIENT_NETNS_NAME (run.sh's
-# CLIENT_NETNS: 1, the client in a network namespace of its own, 0 over loopback) another way to
-# the client (loopback=BIN veth=BIN CLIENT_NETNS_veth=1). threads_report.py RESULTS_DIR then
+# GPU_OPTIONS, e.g. "busy_polls: 0") another agent GPU policy, DISPATCH_NAME (run.sh's DISPATCH)
+# another dispatch policy, and CLIENT_NETNS_NAME (run.sh's CLIENT_NETNS: 1, the client in a
+# network namespace of its own, 0 over loopback) another way to the client (loopback=BIN
+# veth=BIN CLIENT_NETNS_veth=1). threads_report.py RESULTS_DIR then
 # writes threads.json, threads.md and, with matplotlib, the plots.
 #
 # Knobs (environment; the rest pass through to run.sh): IO_THREADS ("2 4 8 12 16 24 32"),
@@ -110,10 +111,11 @@ for n in $counts; do
     spread_var="SPREAD_$name"
     gpu_var="GPU_OPTIONS_$name"
     netns_var="CLIENT_NETNS_$name"
+    dispatch_var="DISPATCH_$name"
     echo "== $name, io_threads $n"
     THREADS=$n SIZES=${!var:-$sizes} SPREAD=${!spread_var:-${SPREAD:-}} \
       GPU_OPTIONS=${!gpu_var:-${GPU_OPTIONS:-}} CLIENT_NETNS=${!netns_var:-${CLIENT_NETNS:-0}} \
-      SNIC=${spec#*=} \
+      DISPATCH=${!dispatch_var:-${DISPATCH:-}} SNIC=${spec#*=} \
       CARACAL_COMMIT="$name" \
       "$here/run.sh" "$build" "$results/$name/t$n" 2>&1 | grep -E 'saturation|latency|done|run.sh' ||
       failed=$((failed + 1))

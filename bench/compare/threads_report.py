@@ -111,28 +111,51 @@ def agents_text(run_facts):
     return f"{n} agents on {accel},"
 
 
+def cpu_ranges(cpus):
+    """A taskset list ("0,1,2,3,8") written with ranges ("0-3, 8")."""
+    if "-" in str(cpus):
+        return str(cpus)
+    nums = sorted(int(c) for c in str(cpus).split(",") if c)
+    out, start = [], None
+    for i, c in enumerate(nums):
+        if start is None:
+            start = c
+        if i + 1 == len(nums) or nums[i + 1] != c + 1:
+            out.append(str(start) if start == c else f"{start}-{c}")
+            start = None
+    return ", ".join(out)
+
+
 def markdown(run_facts, table, versions, args):
     out = ["# snic_server: throughput and cores against io_threads", ""]
+    params = run_facts.get("params") or {}
+    per_thread = run_facts.get("sat_per_thread")
+    load = (f"{per_thread} connections x {params.get('sat_window', '?')} in flight per I/O "
+            f"thread, from as many client threads" if per_thread else
+            f"{params.get('sat_connections', '?')} connections x "
+            f"{params.get('sat_window', '?')} in flight from "
+            f"{params.get('loadgen_threads', '?')} client threads")
     out.append(f"Machine: {run_facts.get('cpu_model', '?')}, {run_facts.get('online_cpus', '?')} "
                f"CPUs, {run_facts.get('gpu', '?')}; {run_facts.get('date_utc', '?')}. "
                f"Versions: {', '.join(versions)}. "
                + agents_text(run_facts)
                + " over shm with "
-               f"{run_facts.get('params', {}).get('agent_queues', '?')} queues each; saturation is "
-               f"{run_facts.get('params', {}).get('sat_connections', '?')} connections x "
-               f"{run_facts.get('params', {}).get('sat_window', '?')} in flight from "
-               f"{run_facts.get('params', {}).get('loadgen_threads', '?')} client threads; "
+               f"{params.get('agent_queues', '?')} queues each; saturation is {load}; "
                "cores are snic_server's process alone (utime + stime over the point), not the "
                "agent's; `engine_threads` is each version's default.")
     pinned = run_facts.get("pinned") or {}
     if len(set(pinned.values())) == 1:
         server_cpus, client_cpus = next(iter(pinned.values()))
-        out[-1] += (f" The server and its agent ran on CPUs {server_cpus}, the client on "
-                    f"{client_cpus} (taskset).")
+        out[-1] += (f" The server and its agent ran on CPUs {cpu_ranges(server_cpus)}, the "
+                    f"client on {cpu_ranges(client_cpus)} (taskset).")
     elif pinned:
         out[-1] += (" The server and its agent ran on CPUs of their own, the client on the rest "
-                    "(taskset): " + "; ".join(f"at {t} I/O threads, {sc} and {cc}"
+                    "(taskset): " + "; ".join(f"at {t} I/O threads, {cpu_ranges(sc)} and "
+                                              f"{cpu_ranges(cc)}"
                                               for t, (sc, cc) in sorted(pinned.items())) + ".")
+    if run_facts.get("dispatch"):
+        out[-1] += (" Dispatch: " + ", ".join(f"{v} {run_facts['dispatch'][v]}" for v in versions
+                                              if v in run_facts["dispatch"]) + ".")
     if run_facts.get("netns_versions"):
         out[-1] += (f" The client of {', '.join(run_facts['netns_versions'])} ran in a network "
                     "namespace of its own, joined by a veth pair, each side's packets taken in "
@@ -360,6 +383,14 @@ def main():
     # client in a network namespace.
     facts["pinned"] = {t: (r["params"]["server_cpus"], r["params"].get("client_cpus"))
                        for (_, t), r in runs.items() if (r.get("params") or {}).get("server_cpus")}
+    # threads.sh's SAT_PER_THREAD: the same connections per I/O thread at every count.
+    ratios = {r["params"]["sat_connections"] / t for (_, t), r in runs.items()
+              if (r.get("params") or {}).get("sat_connections")}
+    facts["sat_per_thread"] = (int(next(iter(ratios))) if len(ratios) == 1 and len(
+        {t for _, t in runs}) > 1 and next(iter(ratios)).is_integer() else None)
+    dispatch = {n: (r.get("params") or {}).get("dispatch", "round_robin")
+                for (n, _), r in runs.items()}
+    facts["dispatch"] = dispatch if set(dispatch.values()) != {"round_robin"} else {}
     facts["netns_versions"] = sorted(n for n in versions
                                      if any(str((r.get("params") or {}).get("client_netns", 0))
                                             == "1" for (m, _), r in runs.items() if m == n))

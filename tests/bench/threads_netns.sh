@@ -2,10 +2,10 @@
 # bench/compare/threads.sh with the client in a network namespace of its own (CLIENT_NETNS_NAME),
 # briefly, on the CPU accelerator: one snic_server as two versions, over loopback and over a
 # veth pair with each side's packets steered (RPS) to its own CPUs, a server of as many cores as
-# threads (PIN=server:threads) and the load per thread held (SAT_PER_THREAD). Every reply must
-# be right, the veth version's server must have listened on the veth address, every point must
-# say how busy the server's CPUs were, and the namespace must be gone afterwards. Measures
-# nothing.
+# threads (PIN=server:threads), the load per thread held (SAT_PER_THREAD) and the veth version
+# under another dispatch policy (DISPATCH_NAME). Every reply must be right, the veth version's
+# server must have listened on the veth address, every point must say how busy the server's
+# CPUs were, and the namespace must be gone afterwards. Measures nothing.
 set -euo pipefail
 BUILD=$(realpath "${1:?build directory}")
 SRC=$(realpath "${2:?source directory}")
@@ -22,6 +22,7 @@ trap 'rm -rf "$WORK"' EXIT
 rc=0
 CARACAL_ACCEL=cpu AGENT_QUEUES=2 IO_THREADS="1" SAT_WINDOW=4 \
   DURATION=0.3 WARMUP=0.1 PIN=server:threads SAT_PER_THREAD=2 CLIENT_NETNS_veth=1 \
+  DISPATCH_veth=flow_affinity \
   "$SRC/bench/compare/threads.sh" "$BUILD" "$WORK/out" \
   loopback="$BUILD/server/snic_server" veth="$BUILD/server/snic_server" \
   >"$WORK/run.log" 2>&1 || rc=$?
@@ -49,8 +50,9 @@ for p in pts:
     assert p["errors"] == 0 and p["lost"] == 0, f"{where}: wrong or lost replies"
     assert p["cpus_cores"] is not None and 0 < p["cpus_cores"] <= 1.05, \
         f"{where}: server CPUs busy {p['cpus_cores']}"
-for v, netns in (("loopback", 0), ("veth", 1)):
+for v, netns, dispatch in (("loopback", 0, "round_robin"), ("veth", 1, "flow_affinity")):
     params = json.load(open(f"{out}/{v}/t1/compare.json"))["params"]
+    assert params["dispatch"] == dispatch, f"{v}: dispatch {params['dispatch']}"
     assert params["client_netns"] == netns, f"{v}: client_netns {params['client_netns']}"
     assert params["server_cpus"] and params["client_cpus"], f"{v}: not pinned"
     assert params["sat_connections"] == 2 and params["loadgen_threads"] == 2, \

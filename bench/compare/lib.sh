@@ -147,14 +147,23 @@ while True:
 print(",".join(reversed(words)))' "$1"
 }
 
-# client_netns_up NAME SERVER_CPUS CLIENT_CPUS: a network namespace NAME for the client, joined
-# to this one by a veth pair (NAME-s here, 10.203.0.1; NAME-c there, 10.203.0.2), with each
-# side's receive steered by RPS to its own CPUs. Over loopback, the sending core also runs the
-# receiver's TCP/UDP input, so client and server share the kernel's work and state; here, as
-# with a NIC, the server's CPUs take its packets' input and the client's CPUs the replies'.
-# Needs root and iproute2; NAME at most 13 characters. Undone by client_netns_down NAME.
+# client_netns_up NAME SERVER_CPUS CLIENT_CPUS [STEERING]: a network namespace NAME for the
+# client, joined to this one by a veth pair (NAME-s here, 10.203.0.1; NAME-c there,
+# 10.203.0.2), with each side's receive steered to its own CPUs. Over loopback, the sending core
+# also runs the receiver's TCP/UDP input, so client and server share the kernel's work and
+# state; here, as with a NIC, the server's CPUs take its packets' input and the client's CPUs
+# the replies'. STEERING rps (the default): a flow's input goes to one of the side's CPUs by its
+# hash, as a NIC's RSS does; rfs: to the CPU where the socket's reader last ran, as a NIC's
+# accelerated RFS does (sets the machine's net.core.rps_sock_flow_entries, put back by
+# client_netns_down). Needs root and iproute2; NAME at most 13 characters. Undone by
+# client_netns_down NAME.
 client_netns_up() {
-  local ns=$1 server_mask client_mask
+  local ns=$1 steering=${4:-rps} server_mask client_mask flows=
+  case "$steering" in
+    rps) ;;
+    rfs) flows=32768 ;;
+    *) echo "client_netns_up: STEERING is rps or rfs, not '$steering'" >&2; return 1 ;;
+  esac
   server_mask=$(rps_mask "$2") && client_mask=$(rps_mask "$3") || return 1
   if ip -4 addr show | grep -q ' 10\.203\.0\.1/'; then
     echo "client_netns_up: 10.203.0.1 is already on an interface (another run?)" >&2
@@ -167,12 +176,23 @@ client_netns_up() {
     ip netns exec "$ns" sh -c "ip link set lo up && ip addr add 10.203.0.2/30 dev $ns-c &&
       ip link set $ns-c up && echo $client_mask >/sys/class/net/$ns-c/queues/rx-0/rps_cpus" ||
     { echo "client_netns_up: could not set up the namespace $ns" >&2; client_netns_down "$ns"; return 1; }
+  if [ -n "$flows" ]; then
+    CLIENT_NETNS_FLOW_ENTRIES_WAS=$(cat /proc/sys/net/core/rps_sock_flow_entries)
+    echo "$flows" >/proc/sys/net/core/rps_sock_flow_entries &&
+      echo "$flows" >"/sys/class/net/$ns-s/queues/rx-0/rps_flow_cnt" &&
+      ip netns exec "$ns" sh -c "echo $flows >/sys/class/net/$ns-c/queues/rx-0/rps_flow_cnt" ||
+      { echo "client_netns_up: could not turn RFS on" >&2; client_netns_down "$ns"; return 1; }
+  fi
 }
 
 # client_netns_down NAME: removes the namespace (and with it the veth pair).
 client_netns_down() {
   ip netns del "$1" 2>/dev/null
   ip link del "$1-s" 2>/dev/null
+  if [ -n "${CLIENT_NETNS_FLOW_ENTRIES_WAS:-}" ]; then
+    echo "$CLIENT_NETNS_FLOW_ENTRIES_WAS" >/proc/sys/net/core/rps_sock_flow_entries
+    CLIENT_NETNS_FLOW_ENTRIES_WAS=
+  fi
   return 0
 }
 

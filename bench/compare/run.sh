@@ -71,10 +71,11 @@
 # SPREAD (Caracal's UDP listener's `spread`, flows or datagrams; unset: the server's default),
 # DISPATCH (Caracal's service `dispatch`: round_robin, the default here, least_loaded or
 # flow_affinity),
-# CLIENT_NETNS (1: caracal_loadgen and sockperf run in a network namespace of their own, joined
-# by a veth pair, each side's packets taken in by its own CPUs, as a client on another host would
-# have it; needs root, iproute2, SERVER_CPUS and CLIENT_CPUS; lib.sh's client_netns_up says
-# why. Unset: loopback). With SERVER_CPUS, each point also records server_cpus_cores: how busy
+# CLIENT_NETNS (rps, or 1: caracal_loadgen and sockperf run in a network namespace of their own,
+# joined by a veth pair, each side's packets taken in by its own CPUs, as a client on another
+# host would have it; rfs: the same, each flow's input on the CPU of its socket's reader; needs
+# root, iproute2, SERVER_CPUS and CLIENT_CPUS; lib.sh's client_netns_up says why. Unset or 0:
+# loopback). With SERVER_CPUS, each point also records server_cpus_cores: how busy
 # those CPUs were over it, whatever ran there (the kernel's work for the server's packets too).
 #
 # Held points (HOLD_TO set, e.g. host_centric; needs root and a cgroup CPU controller, v2 or v1):
@@ -218,16 +219,23 @@ source "$(dirname "$0")/lib.sh"  # wait_for_line, hold_*, start_memcached, face_
 # Where the servers listen for clients, and how a client is started (CLIENT_NETNS).
 DATA_ADDR=127.0.0.1
 CLIENT_NS=
-if [ "${CLIENT_NETNS:-0}" = 1 ]; then
+CLIENT_NETNS=${CLIENT_NETNS:-0}
+case "$CLIENT_NETNS" in
+  0 | off) CLIENT_NETNS=off ;;
+  1 | rps) CLIENT_NETNS=rps ;;
+  rfs) ;;
+  *) echo "run.sh: CLIENT_NETNS is 0, 1 (rps) or rfs, not '$CLIENT_NETNS'" >&2; exit 2 ;;
+esac
+if [ "$CLIENT_NETNS" != off ]; then
   [ -n "${SERVER_CPUS:-}" ] && [ -n "${CLIENT_CPUS:-}" ] ||
     { echo "run.sh: CLIENT_NETNS needs SERVER_CPUS and CLIENT_CPUS (each side's packets go to its CPUs)" >&2; exit 2; }
   [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null ||
     { echo "run.sh: CLIENT_NETNS needs root and iproute2's ip" >&2; exit 2; }
   CLIENT_NS="cb$$"
-  client_netns_up "$CLIENT_NS" "$SERVER_CPUS" "$CLIENT_CPUS" || exit 2
+  client_netns_up "$CLIENT_NS" "$SERVER_CPUS" "$CLIENT_CPUS" "$CLIENT_NETNS" || exit 2
   trap 'stop_servers; hold_remove; [ -z "$MC_PID" ] || kill -KILL "$MC_PID" 2>/dev/null; client_netns_down "$CLIENT_NS"' EXIT
   DATA_ADDR=10.203.0.1
-  log "clients in the network namespace $CLIENT_NS, the servers on $DATA_ADDR (veth, RPS)"
+  log "clients in the network namespace $CLIENT_NS, the servers on $DATA_ADDR (veth, $CLIENT_NETNS)"
 fi
 # CLIENT: the prefix that starts a client (loadgen, sockperf) where CLIENT_NETNS and CLIENT_CPUS
 # put it.
@@ -662,7 +670,7 @@ fi
   echo "  \"servers\": \"$SERVERS\","
   echo "  \"low_load_servers\": \"$LOW_LOAD_SERVERS\","
   echo "  \"caracal_accelerator\": \"$CARACAL_ACCEL\","
-  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"agents\": ${AGENTS:-1}, \"gpu_workers\": ${GPU_WORKERS:-0}, \"gpu_options\": \"${GPU_OPTIONS:-}\", \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\", \"dispatch\": \"${DISPATCH:-round_robin}\", \"client_netns\": ${CLIENT_NETNS:-0}},"
+  echo "  \"params\": {\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"${ENGINE_THREADS_ALT:-2}\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"agents\": ${AGENTS:-1}, \"gpu_workers\": ${GPU_WORKERS:-0}, \"gpu_options\": \"${GPU_OPTIONS:-}\", \"cpu_workers\": ${CPU_WORKERS:-1}, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"${HOLD_TO:-}\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"spread\": \"${SPREAD:-default}\", \"dispatch\": \"${DISPATCH:-round_robin}\", \"client_netns\": \"$CLIENT_NETNS\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

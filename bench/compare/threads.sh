@@ -13,10 +13,10 @@
 # version other sizes, and SPREAD_NAME (flows or datagrams) another UDP `spread`, so that one
 # binary can run as two versions (flows=BIN datagrams=BIN), GPU_OPTIONS_NAME (run.sh's
 # GPU_OPTIONS, e.g. "busy_polls: 0") another agent GPU policy, DISPATCH_NAME (run.sh's DISPATCH)
-# another dispatch policy, and CLIENT_NETNS_NAME (run.sh's CLIENT_NETNS: 1, the client in a
-# network namespace of its own, 0 over loopback) another way to the client (loopback=BIN
-# veth=BIN CLIENT_NETNS_veth=1). threads_report.py RESULTS_DIR then
-# writes threads.json, threads.md and, with matplotlib, the plots.
+# another dispatch policy, and CLIENT_NETNS_NAME (run.sh's CLIENT_NETNS: rps or rfs, the client
+# in a network namespace of its own; 0, over loopback) another way to the client (loopback=BIN
+# veth=BIN CLIENT_NETNS_veth=rps). threads_report.py RESULTS_DIR then writes threads.json,
+# threads.md and, with matplotlib, the plots.
 #
 # Knobs (environment; the rest pass through to run.sh): IO_THREADS ("2 4 8 12 16 24 32"),
 # HANDLERS (matvec), SIZES (1024), OPEN_RATES (none; e.g. "500000 1000000"), OPEN_SIZES (the

@@ -157,9 +157,12 @@ def markdown(run_facts, table, versions, args):
         out[-1] += (" Dispatch: " + ", ".join(f"{v} {run_facts['dispatch'][v]}" for v in versions
                                               if v in run_facts["dispatch"]) + ".")
     if run_facts.get("netns_versions"):
-        out[-1] += (f" The client of {', '.join(run_facts['netns_versions'])} ran in a network "
-                    "namespace of its own, joined by a veth pair, each side's packets taken in "
-                    "on its own CPUs by RPS (run.sh's CLIENT_NETNS); the others' over loopback.")
+        named = ", ".join(f"{n} ({s.upper()})" for n, s in run_facts["netns_versions"].items())
+        out[-1] += (f" The client of {named} ran in a network namespace of its own, joined by a "
+                    "veth pair, each side's packets taken in on its own CPUs (run.sh's "
+                    "CLIENT_NETNS: RPS, a flow's input on one of them by its hash, as a NIC's "
+                    "RSS; RFS, on the CPU of the socket's reader, as a NIC's accelerated RFS); "
+                    "the others' over loopback.")
     out.append("")
     keys = sorted({(r["handler"], r["proto"], r["size"]) for r in table})
     for handler, proto, size in keys:
@@ -391,9 +394,14 @@ def main():
     dispatch = {n: (r.get("params") or {}).get("dispatch", "round_robin")
                 for (n, _), r in runs.items()}
     facts["dispatch"] = dispatch if set(dispatch.values()) != {"round_robin"} else {}
-    facts["netns_versions"] = sorted(n for n in versions
-                                     if any(str((r.get("params") or {}).get("client_netns", 0))
-                                            == "1" for (m, _), r in runs.items() if m == n))
+    # run.sh's CLIENT_NETNS per version (older runs wrote 0 or 1, 1 being rps).
+    steering = {}
+    for (n, _), r in runs.items():
+        v = str((r.get("params") or {}).get("client_netns", "off"))
+        v = {"0": "off", "1": "rps"}.get(v, v)
+        if v != "off":
+            steering[n] = v
+    facts["netns_versions"] = {n: steering[n] for n in versions if n in steering}
     json.dump({"facts": facts, "versions": versions, "points": table},
               open(os.path.join(args.results, "threads.json"), "w"), indent=1)
     text = markdown(facts, table, versions, args)

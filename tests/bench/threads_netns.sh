@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/compare/threads.sh with the client in a network namespace of its own (CLIENT_NETNS_NAME),
 # briefly, on the CPU accelerator: one snic_server as two versions, over loopback and over a
-# veth pair with each side's packets steered (RPS) to its own CPUs, a server of as many cores as
+# veth pair with each side's packets steered (RFS) to its own CPUs, a server of as many cores as
 # threads (PIN=server:threads), the load per thread held (SAT_PER_THREAD) and the veth version
 # under another dispatch policy (DISPATCH_NAME). Every reply must be right, the veth version's
 # server must have listened on the veth address, every point must say how busy the server's
@@ -19,14 +19,17 @@ cores=$(python3 -c 'import glob; print(len({(open(d + "/physical_package_id").re
 [ "$cores" -ge 2 ] || { echo "SKIP: one physical core (the server and the client need one each)"; exit 77; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+flow_entries=$(cat /proc/sys/net/core/rps_sock_flow_entries)
 rc=0
 CARACAL_ACCEL=cpu AGENT_QUEUES=2 IO_THREADS="1" SAT_WINDOW=4 \
-  DURATION=0.3 WARMUP=0.1 PIN=server:threads SAT_PER_THREAD=2 CLIENT_NETNS_veth=1 \
+  DURATION=0.3 WARMUP=0.1 PIN=server:threads SAT_PER_THREAD=2 CLIENT_NETNS_veth=rfs \
   DISPATCH_veth=flow_affinity \
   "$SRC/bench/compare/threads.sh" "$BUILD" "$WORK/out" \
   loopback="$BUILD/server/snic_server" veth="$BUILD/server/snic_server" \
   >"$WORK/run.log" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$WORK/run.log"; echo "FAIL: threads.sh exited $rc"; exit 1; }
+[ "$(cat /proc/sys/net/core/rps_sock_flow_entries)" = "$flow_entries" ] ||
+  { echo "FAIL: net.core.rps_sock_flow_entries was not put back to $flow_entries"; exit 1; }
 if ip netns list | grep -q '^cb[0-9]'; then
   ip netns list
   echo "FAIL: a client namespace outlived the run"
@@ -50,7 +53,7 @@ for p in pts:
     assert p["errors"] == 0 and p["lost"] == 0, f"{where}: wrong or lost replies"
     assert p["cpus_cores"] is not None and 0 < p["cpus_cores"] <= 1.05, \
         f"{where}: server CPUs busy {p['cpus_cores']}"
-for v, netns, dispatch in (("loopback", 0, "round_robin"), ("veth", 1, "flow_affinity")):
+for v, netns, dispatch in (("loopback", "off", "round_robin"), ("veth", "rfs", "flow_affinity")):
     params = json.load(open(f"{out}/{v}/t1/compare.json"))["params"]
     assert params["dispatch"] == dispatch, f"{v}: dispatch {params['dispatch']}"
     assert params["client_netns"] == netns, f"{v}: client_netns {params['client_netns']}"
@@ -58,7 +61,7 @@ for v, netns, dispatch in (("loopback", 0, "round_robin"), ("veth", 1, "flow_aff
     assert params["sat_connections"] == 2 and params["loadgen_threads"] == 2, \
         f"{v}: SAT_PER_THREAD=2 at 1 thread gave {params['sat_connections']} connections"
 text = open(f"{out}/threads.md").read()
-for needle in ("req/s per busy CPU", "network namespace of its own"):
+for needle in ("req/s per busy CPU", "The client of veth (RFS) ran in a network namespace"):
     assert needle in text, f"threads.md lacks '{needle}'"
 print("PASS")
 PY

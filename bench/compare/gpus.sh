@@ -53,7 +53,9 @@
 # BATCH_TIMEOUT_US (20), DISPATCH (least_loaded), SAT_CONNECTIONS (16; 2), SAT_WINDOW (16; 4),
 # LOADGEN_THREADS (8; 2), DURATION (1.5; 0.4), WARMUP (0.5; 0.2), OPEN_FRACTIONS ("0.25 0.5 0.75
 # 0.9"; "0.1"), SLOW_DELAY_US (1000; 2000), LOSS_DURATION (3; 1.6), LOSS_KILL_AT (1.5; 0.8),
-# SAMPLE_MS (100), EXPERIMENTS ("scaling unequal loss").
+# SAMPLE_MS (100), EXPERIMENTS ("scaling unequal loss"), SERVER_CPUS, CLIENT_CPUS and
+# MEMCACHED_CPUS (taskset CPU lists: the servers with their agents, caracal_loadgen, and face's
+# memcached, each kept to its own CPUs; unset: anywhere).
 set -uo pipefail
 
 BUILD=$(realpath "${1:?usage: gpus.sh BUILD_DIR RESULTS_DIR [--cpu-only]}")
@@ -66,6 +68,11 @@ mkdir -p "$RESULTS/raw"
 RESULTS=$(realpath "$RESULTS")
 RAW="$RESULTS/raw"
 source "$HERE/lib.sh"  # wait_for_line, pid_ticks, machine_ticks, start_memcached, face_destinations, client_queues
+# The prefixes that keep the servers (with their agents) and the client to their CPUs.
+SERVER_PIN=()
+CLIENT_PIN=()
+[ -n "${SERVER_CPUS:-}" ] && SERVER_PIN=(taskset -c "$SERVER_CPUS")
+[ -n "${CLIENT_CPUS:-}" ] && CLIENT_PIN=(taskset -c "$CLIENT_CPUS")
 
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
@@ -200,7 +207,7 @@ services:
       - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 }, error_reply: 'ERROR {reason}' }
 $(face_destinations "$HANDLER")
 YAML
-  "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
+  "${SERVER_PIN[@]}" "$SNIC" --config "$log-server.yaml" --log-level info >"$log-server.log" 2>&1 &
   local spid=$!
   PIDS+=("$spid")
   wait_for_line "$log-server.log" "serving [0-9]+ service" 20 || return 1
@@ -232,7 +239,7 @@ reconnect_interval_ms: 100
 services:
   - { name: $HANDLER, queues: $AGENT_QUEUES, ring_capacity: 512, slot_bytes: 256, max_message_bytes: $MAX_MESSAGE$(client_queues "$HANDLER") }
 YAML
-    "$AGENT" --config "$log-agent$i.yaml" "${extra[@]}" >"$log-agent$i.log" 2>&1 &
+    "${SERVER_PIN[@]}" "$AGENT" --config "$log-agent$i.yaml" "${extra[@]}" >"$log-agent$i.log" 2>&1 &
     AGENT_PIDS+=("$!")
     PIDS+=("$!")
   done
@@ -249,7 +256,8 @@ start_host_centric() {
   local name=$1 gpus=$2 log="$RAW/$1" extra=(--matvec-rounds "$ROUNDS")
   [ "$HANDLER" = face ] &&
     extra=(--memcached "127.0.0.1:$MC_PORT" --memcached-timeout-ms "$FACE_TIMEOUT_MS")
-  "$HC_SERVER" --handler "$HANDLER" --threads "$THREADS" --max-message-bytes "$MAX_MESSAGE" \
+  "${SERVER_PIN[@]}" "$HC_SERVER" --handler "$HANDLER" --threads "$THREADS" \
+    --max-message-bytes "$MAX_MESSAGE" \
     --batch "$BATCH" --batch-timeout-us "$BATCH_TIMEOUT_US" --gpus "$(seq -s, 0 $((gpus - 1)))" \
     "${extra[@]}" >"$log-server.log" 2>&1 &
   local pid=$!
@@ -300,8 +308,8 @@ point() {
   fi
   local work=(--matvec-rounds "$ROUNDS")
   [ "$HANDLER" = face ] && work=(--face-persons "$FACE_PERSONS")
-  "$LOADGEN" --port "$port" --proto "$proto" --handler "$HANDLER" --size "$SIZE" \
-    "${work[@]}" --warmup "$WARMUP" --duration "$DURATION" \
+  "${CLIENT_PIN[@]}" "$LOADGEN" --port "$port" --proto "$proto" --handler "$HANDLER" \
+    --size "$SIZE" "${work[@]}" --warmup "$WARMUP" --duration "$DURATION" \
     --json "$RAW/$name.json" --label "$name" "$@" >"$RAW/$name.out" 2>&1 || rc=$?
   w1=$(date +%s.%N)
   t1=$(pid_ticks "${SERVER_PIDS[@]}")
@@ -418,7 +426,7 @@ gpu_list=$( (nvidia-smi --query-gpu=index,name,driver_version --format=csv,nohea
   echo "  \"kernel\": \"$(uname -sr)\","
   echo "  \"hostname\": \"$(hostname)\","
   echo "  \"servers\": \"$SERVERS\","
-  echo "  \"params\": {\"handler\": \"$HANDLER\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"counts\": \"$COUNTS\", \"rounds\": $ROUNDS, \"size\": $SIZE, \"protos\": \"$PROTOS\", \"threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"agent_queues\": $AGENT_QUEUES, \"gpu_burst\": $GPU_BURST, \"gpu_options\": \"${GPU_OPTIONS:-}\", \"spread\": \"${SPREAD:-default}\", \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"dispatch\": \"$DISPATCH\", \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"loadgen_threads\": $LOADGEN_THREADS, \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"open_fractions\": \"$OPEN_FRACTIONS\", \"slow_delay_us\": $SLOW_DELAY_US, \"loss_agents\": $LOSS_AGENTS, \"loss_duration_s\": $LOSS_DURATION, \"loss_kill_at_s\": $LOSS_KILL_AT, \"sample_ms\": $SAMPLE_MS, \"experiments\": \"$EXPERIMENTS\"},"
+  echo "  \"params\": {\"handler\": \"$HANDLER\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"counts\": \"$COUNTS\", \"rounds\": $ROUNDS, \"size\": $SIZE, \"protos\": \"$PROTOS\", \"threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"agent_queues\": $AGENT_QUEUES, \"gpu_burst\": $GPU_BURST, \"gpu_options\": \"${GPU_OPTIONS:-}\", \"spread\": \"${SPREAD:-default}\", \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"dispatch\": \"$DISPATCH\", \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"loadgen_threads\": $LOADGEN_THREADS, \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"open_fractions\": \"$OPEN_FRACTIONS\", \"slow_delay_us\": $SLOW_DELAY_US, \"loss_agents\": $LOSS_AGENTS, \"loss_duration_s\": $LOSS_DURATION, \"loss_kill_at_s\": $LOSS_KILL_AT, \"sample_ms\": $SAMPLE_MS, \"experiments\": \"$EXPERIMENTS\", \"server_cpus\": \"${SERVER_CPUS:-}\", \"client_cpus\": \"${CLIENT_CPUS:-}\", \"memcached_cpus\": \"${MEMCACHED_CPUS:-}\"},"
   echo "  \"failed_points\": $FAILED"
   echo "}"
 } >"$RAW/run.json"

@@ -154,6 +154,14 @@ def workload(run):
     return f"matvec, {p['rounds']} rounds"
 
 
+def pinning(params):
+    """Where gpus.sh kept the processes (SERVER_CPUS, CLIENT_CPUS, MEMCACHED_CPUS), if it did."""
+    kept = [f"{who} on CPUs {params[key]}" for who, key in
+            (("the servers and agents", "server_cpus"), ("the client", "client_cpus"),
+             ("memcached", "memcached_cpus")) if params.get(key)]
+    return (" Kept (taskset): " + ", ".join(kept) + ".") if kept else ""
+
+
 def scaling_section(run, md):
     pts = run["points"]
     counts = sorted({p["accelerators"] for p in find(pts, experiment="scaling")})
@@ -164,7 +172,7 @@ def scaling_section(run, md):
     md.append(f"{workload(run)}, {run['params']['size']} B requests; closed loop, "
               f"{run['params']['sat_connections']} connections x "
               f"{run['params']['sat_window']} in flight. k req/s (speedup over 1; server cores; "
-              "p50 / p99 us).\n")
+              "p50 / p99 us)." + pinning(run["params"]) + "\n")
     head = "| server | proto | " + " | ".join(f"{n} {kind}" for n in counts) + " |"
     md.append(head)
     md.append("|" + " --- |" * (2 + len(counts)))

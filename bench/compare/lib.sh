@@ -197,14 +197,16 @@ client_netns_down() {
 }
 
 # start_memcached: a memcached of the run's own for the face references ($MEMCACHED, on a free
-# loopback port, $MEMCACHED_THREADS threads; as nobody when root), loaded with $FACE_PERSONS
-# references by $FACE_LOADER. Sets MC_PORT and MC_PID (the caller kills it); its logs go to
+# loopback port, $MEMCACHED_THREADS threads; as nobody when root; kept to the CPUs of
+# $MEMCACHED_CPUS, a taskset list, when set), loaded with $FACE_PERSONS references by
+# $FACE_LOADER. Sets MC_PORT and MC_PID (the caller kills it); its logs go to
 # $RAW/memcached.log and $RAW/face-loader.log.
 start_memcached() {
-  local as_user=()
+  local as_user=() pin=()
   [ "$(id -u)" -eq 0 ] && as_user=(-u nobody)
+  [ -n "${MEMCACHED_CPUS:-}" ] && pin=(taskset -c "$MEMCACHED_CPUS")
   MC_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  "$MEMCACHED" "${as_user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m 1024 -c 4096 \
+  "${pin[@]}" "$MEMCACHED" "${as_user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m 1024 -c 4096 \
     -t "$MEMCACHED_THREADS" >"$RAW/memcached.log" 2>&1 &
   MC_PID=$!
   local _

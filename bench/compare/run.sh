@@ -62,6 +62,7 @@
 # TX_LINES (the agent's tx_lines, the same way),
 # AGENT_RING_CAPACITY (the agent's ring_capacity, 512 slots of 256 bytes), ENGINE_THREADS_ALT
 # (caracal_threads' engine_threads, 2), FACE_PERSONS (10000), MEMCACHED, MEMCACHED_THREADS (4),
+# MEMCACHED_CPUS (a taskset list for memcached; unset: anywhere),
 # FACE_TIMEOUT_MS (the memcached timeout of every server, 1000), LOW_LOAD_ROUNDS (5; 0: none), LOW_LOAD_SERVERS (those of
 # "caracal cpu" in SERVERS), PERF (a perf binary: each saturation point also samples the server's
 # processes with `perf record -g` over the measured window and keeps the flat profile, per

@@ -3,8 +3,9 @@
 # (--cpu-only): a memcached of the run's own, throughput against 1 and 2 agents whose client
 # queues fetch the references from it, and the second agent killed (SIGKILL) under TCP load.
 # Every verdict is checked against the CPU reference by loadgen; each agent must have answered
-# its share and called memcached through client queues of its own. It keeps the face form of
-# the script working; it measures nothing.
+# its share and called memcached through client queues of its own. The processes are kept to
+# CPU lists (SERVER_CPUS, CLIENT_CPUS, MEMCACHED_CPUS), here every CPU but memcached's last. It
+# keeps the face form of the script working; it measures nothing.
 set -euo pipefail
 BUILD=$(realpath "${1:?build directory}")
 SRC=$(realpath "${2:?source directory}")
@@ -13,7 +14,9 @@ command -v memcached >/dev/null || { echo "SKIP: memcached is not installed (scr
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
+last=$(($(nproc) - 1))
 if ! HANDLER=face FACE_PERSONS=200 MEMCACHED_THREADS=1 EXPERIMENTS="scaling loss" \
+  SERVER_CPUS="0-$last" CLIENT_CPUS="0-$last" MEMCACHED_CPUS="$last" \
   CARACAL_COMMIT=ci-smoke "$SRC/bench/compare/gpus.sh" "$BUILD" "$WORK/out" --cpu-only \
   >"$WORK/run.log" 2>&1; then
   cat "$WORK/run.log"
@@ -39,6 +42,8 @@ if run["failed_points"] != 0:
     problems.append(f"{run['failed_points']} points failed")
 if run["params"].get("handler") != "face" or run["params"]["size"] != 4104:
     problems.append(f"not a face run: {run['params']}")
+if not run["params"].get("server_cpus") or not run["params"].get("memcached_cpus"):
+    problems.append(f"the CPU lists are not in the params: {run['params']}")
 points = run["points"]
 for n in (1, 2):
     for proto in ("udp", "tcp"):

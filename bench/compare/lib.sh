@@ -185,7 +185,8 @@ client_netns_up() {
   fi
 }
 
-# client_netns_down NAME: removes the namespace (and with it the veth pair).
+# client_netns_down NAME: removes the namespace (and with it the veth pair), and puts back the
+# rps_sock_flow_entries that client_netns_up found, if it set it.
 client_netns_down() {
   ip netns del "$1" 2>/dev/null
   ip link del "$1-s" 2>/dev/null

@@ -135,6 +135,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
         shared_(std::move(shared)),
         socket_(std::move(socket)),
         id_(id),
+        flow_(flow_key(id)),
         outgoing_(lanes()),
         peer_address_(peer.address()),
         timer_(socket_.get_executor()) {
@@ -341,8 +342,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
       next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
       pending_.emplace_back();
       shared_->stats.requests.inc();
-      switch (
-          shared_->service.dispatch(*token_base_ | seq, std::move(bytes), flow_key(id_), true)) {
+      switch (shared_->service.dispatch(*token_base_ | seq, std::move(bytes), flow_, true)) {
         case DispatchStatus::kQueued:
           break;
         case DispatchStatus::kCongested:
@@ -597,6 +597,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   std::shared_ptr<TcpListenerState> shared_;
   tcp::socket socket_;
   uint64_t id_;
+  uint64_t flow_;  // the connection's flow for flow_affinity (flow_key of id_)
   // Replies delivered by the engine and not yet flushed to the strand, per engine thread:
   // element i is used by engine thread i only.
   std::vector<std::vector<std::pair<uint64_t, Reply>>> outgoing_;

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""instances.sh's report: RESULTS_DIR/instances.json and instances.md.
+
+    bench/compare/instances_report.py RESULTS_DIR
+
+Per layout and protocol, each round's total throughput (the servers' together) and requests per
+second per busy server CPU (the total over the servers' CPUs' busy time; the servers' process
+cores where nothing was pinned), then their medians over the rounds. A layout of N servers of T
+threads is set beside the one server of T threads and the one server of N x T threads where the
+run has them: if N servers of T threads at once keep the one server of T threads' figure per CPU
+while one server of N x T threads falls, what a request costs grows inside the server; if they
+fall alike, it grows in what the servers share (the kernel, the machine).
+"""
+import json
+import os
+import statistics
+import sys
+
+
+def load(results):
+    raw = os.path.join(results, "raw")
+    run = json.load(open(os.path.join(raw, "run.json")))
+    points = []
+    for line in open(os.path.join(raw, "points.jsonl")):
+        line = line.strip()
+        if not line:
+            continue
+        p = json.loads(line)
+        try:
+            lg = json.load(open(os.path.join(raw, p["json"])))
+            p["throughput_rps"] = lg["throughput_rps"]
+            p["counts"] = lg["counts"]
+            p["p50_us"] = lg["latency"]["p50_ns"] / 1000
+            p["p99_us"] = lg["latency"]["p99_ns"] / 1000
+        except (OSError, ValueError, KeyError) as e:
+            p["missing"] = f"{p['json']}: {e}"
+        points.append(p)
+    return run, points
+
+
+def rounds_of(points):
+    """{(layout, proto): {round: summary}} with every server's point of the round in it."""
+    out = {}
+    for p in points:
+        out.setdefault((p["layout"], p["proto"]), {}).setdefault(p["round"], []).append(p)
+    summary = {}
+    for key, by_round in out.items():
+        for rnd, pts in by_round.items():
+            ok = all("throughput_rps" in p and p["loadgen_rc"] == 0 for p in pts)
+            rps = sum(p.get("throughput_rps", 0) for p in pts)
+            pinned = all(p["server_cpus_cores"] is not None for p in pts)
+            busy = sum(p["server_cpus_cores"] if pinned else p["cpu_cores"] for p in pts)
+            bad = sum(p.get("counts", {}).get("wrong", 0) + p.get("counts", {}).get("lost", 0)
+                      + p.get("counts", {}).get("connection_errors", 0) for p in pts)
+            summary.setdefault(key, {})[rnd] = {
+                "ok": ok, "rps": rps, "busy_cpus": busy, "pinned": pinned,
+                "per_cpu": rps / busy if busy > 0 else None, "bad_replies": bad,
+                "per_server_rps": [p.get("throughput_rps") for p in sorted(pts, key=lambda q: q["server"])],
+                "p99_us": max((p.get("p99_us", 0) for p in pts), default=None),
+            }
+    return summary
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def main():
+    results = sys.argv[1]
+    run, points = load(results)
+    summary = rounds_of(points)
+    layouts = run["params"]["layouts"].split()
+    protos = run["params"]["protos"].split()
+    rows = []
+    for proto in protos:
+        for layout in layouts:
+            key = layout.replace("/", "")
+            by_round = summary.get((key, proto))
+            if not by_round:
+                continue
+            n, t = (int(x) for x in layout.split("/")[0].split("x"))
+            rows.append({
+                "layout": layout, "servers": n, "threads": t, "netns": layout.endswith("/ns"),
+                "proto": proto, "rounds": [by_round[r] for r in sorted(by_round)],
+                "median_rps": median([s["rps"] for s in by_round.values() if s["ok"]]),
+                "median_per_cpu": median([s["per_cpu"] for s in by_round.values() if s["ok"]]),
+                "median_busy_cpus": median([s["busy_cpus"] for s in by_round.values() if s["ok"]]),
+                "failed_rounds": sum(1 for s in by_round.values() if not s["ok"]),
+                "bad_replies": sum(s["bad_replies"] for s in by_round.values()),
+            })
+    json.dump({"run": run, "rows": rows, "points": points},
+              open(os.path.join(results, "instances.json"), "w"), indent=1)
+
+    def k(x):
+        return "-" if x is None else f"{x / 1000:,.0f}"
+
+    pinned = all(s["pinned"] for r in rows for s in r["rounds"])
+    busy_what = ("how busy the servers' CPUs were (/proc/stat: their processes and the kernel's "
+                 "work there)" if pinned else "the servers' process cores (nothing pinned)")
+    lines = [
+        "# One server of many threads against several of few threads, at once",
+        "",
+        f"Machine: {run['cpu']}, {run['cpus']} CPUs"
+        + (f" ({run['physical_cores']} physical cores)" if run["physical_cores"] else "")
+        + f", kernel {run['kernel']}; accelerator {run['accelerator']}"
+        + (f" ({run['gpus']} x {run['gpu']})" if run["gpus"] else "") + f". Commit {run['commit']}, "
+        f"{run['date']}. matvec at {run['params']['size']} B, {run['params']['conns_per_thread']} "
+        f"connections x {run['params']['sat_window']} in flight per I/O thread, an agent of "
+        f"{run['params']['agent_queues']} queues per {run['params']['threads_per_agent']} threads, "
+        f"{run['params']['duration_s']} s per point, {run['params']['rounds']} rounds. NxT: N "
+        "servers of T I/O threads loaded at once; /ns: each in a network namespace of its own. "
+        f"Per CPU: the servers' total throughput over {busy_what}.",
+        "",
+        "| proto | layout | kreq/s (median) | busy CPUs | kreq/s per CPU (median) | per CPU, each round "
+        "| per CPU against 1xT | against 1x(NxT) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    by = {(r["proto"], r["layout"]): r for r in rows}
+    for r in rows:
+        one_t = by.get((r["proto"], f"1x{r['threads']}"))
+        one_all = by.get((r["proto"], f"1x{r['servers'] * r['threads']}"))
+
+        def ratio(ref):
+            if not ref or ref is r or not ref["median_per_cpu"] or not r["median_per_cpu"]:
+                return ""
+            return f"{r['median_per_cpu'] / ref['median_per_cpu']:.2f}x"
+
+        each = ", ".join(k(s["per_cpu"]) + ("" if s["ok"] else " (failed)") for s in r["rounds"])
+        busy = "-" if r["median_busy_cpus"] is None else f"{r['median_busy_cpus']:.1f}"
+        bad = f" ({r['bad_replies']} wrong or lost)" if r["bad_replies"] else ""
+        lines.append(f"| {r['proto']} | {r['layout']} | {k(r['median_rps'])}{bad} | {busy} | "
+                     f"{k(r['median_per_cpu'])} | {each} | {ratio(one_t)} | {ratio(one_all)} |")
+    lines += ["", "Raw data: `raw/` (loadgen JSON per server and round, configs, logs, points.jsonl)."]
+    open(os.path.join(results, "instances.md"), "w").write("\n".join(lines) + "\n")
+    failed = sum(r["failed_rounds"] for r in rows) + sum(r["bad_replies"] > 0 for r in rows)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,10 @@
 # Each layout of LAYOUTS is NxT (N snic_servers of T I/O threads each, their clients all
 # loading them at once) or NxT/ns (the same, each server with its agents and its client in a
 # network namespace of its own, with its own loopback: no routes, devices or sockets in common
-# with the other servers). Server i of a layout serves matvec over UDP and length-prefixed TCP
+# with the other servers), either followed by +spinK or +streamK: K more cores kept busy
+# meanwhile by processes that share nothing with the servers but the machine (spin: a loop in
+# registers, as a busy core draws on the processor's power and clock; stream: dd writing
+# 256 MiB buffers, as a busy core draws on the shared cache and memory bandwidth). Server i of a layout serves matvec over UDP and length-prefixed TCP
 # with T / THREADS_PER_AGENT agents (at least one) of AGENT_QUEUES queues each, the agents of
 # the whole layout dealt over the GPUs in turn (cpu with --cpu-only); so 1x12 and 3x4 put the
 # same agents on the same GPUs. With PIN (the default), server i with its agents runs on the
@@ -18,7 +21,11 @@
 # loop of CONNS_PER_THREAD x T connections x SAT_WINDOW in flight from as many client threads
 # per server, all clients started together. Every point records each server's throughput,
 # the cores of its processes and how busy its CPUs were (whatever ran there, the kernel's work
-# for its packets too).
+# for its packets too). With PIN, the last physical core runs a probe: a loop of fixed work,
+# timed over each point's measured window and once with the machine idle before each layout
+# starts; its rate under load over its idle rate tells whether a core of this machine does less
+# work per second when the others are busy (a processor's clock falls as more of its cores
+# run). The hogs take the cores before the probe's, the clients the rest.
 #
 # Results: RESULTS_DIR/raw/ (loadgen JSON, configs, logs, points.jsonl), then
 # instances_report.py writes RESULTS_DIR/instances.json and instances.md: per layout and
@@ -29,7 +36,8 @@
 # 2x1"), PROTOS ("tcp udp"), SIZE (1024; 64), ROUNDS (3; 1), DURATION (3; 0.3), WARMUP (0.5;
 # 0.1), CONNS_PER_THREAD (4; 2), SAT_WINDOW (48; 4), THREADS_PER_AGENT (4), AGENT_QUEUES (32;
 # 2), DISPATCH (the service's dispatch, round_robin), PIN (1; 0: no CPU is pinned, for a
-# machine of too few cores). /ns layouts need root and iproute2.
+# machine of too few cores, and neither hogs nor the probe run). /ns layouts need root and
+# iproute2.
 set -uo pipefail
 
 BUILD=$(realpath "${1:?usage: instances.sh BUILD_DIR RESULTS_DIR [--cpu-only]}")
@@ -75,23 +83,37 @@ if [ "$CPU_ONLY" -eq 0 ]; then
   [ "$GPUS" -ge 1 ] || { echo "instances.sh: no GPU listed by nvidia-smi (use --cpu-only)" >&2; exit 2; }
 fi
 
-# The layouts, checked: "N T NS" per layout, NS 1 for /ns.
-declare -a LAYOUT_N LAYOUT_T LAYOUT_NS
+# The layouts, checked: per layout its servers, threads, namespaces (1 for /ns), hog kind
+# (spin, stream or none) and hog cores.
+declare -a LAYOUT_N LAYOUT_T LAYOUT_NS LAYOUT_HOG LAYOUT_HOGS LAYOUT_NAME LAYOUT_SPEC
 max_cores=0
+max_rest=0
 need_netns=0
 for l in $LAYOUTS; do
-  if [[ ! "$l" =~ ^([1-9][0-9]*)x([1-9][0-9]*)(/ns)?$ ]]; then
-    echo "instances.sh: a layout is NxT or NxT/ns (N servers of T I/O threads), not '$l'" >&2
+  if [[ ! "$l" =~ ^([1-9][0-9]*)x([1-9][0-9]*)(/ns)?(\+(spin|stream)([1-9][0-9]*))?$ ]]; then
+    echo "instances.sh: a layout is NxT or NxT/ns (N servers of T I/O threads), then perhaps" \
+      "+spinK or +streamK (K busy cores), not '$l'" >&2
     exit 2
   fi
+  LAYOUT_SPEC+=("$l")
   LAYOUT_N+=("${BASH_REMATCH[1]}")
   LAYOUT_T+=("${BASH_REMATCH[2]}")
   ns=0
   [ -n "${BASH_REMATCH[3]}" ] && ns=1 && need_netns=1
   LAYOUT_NS+=("$ns")
+  LAYOUT_HOG+=("${BASH_REMATCH[5]:-none}")
+  LAYOUT_HOGS+=("${BASH_REMATCH[6]:-0}")
+  LAYOUT_NAME+=("${BASH_REMATCH[1]}x${BASH_REMATCH[2]}$([ "$ns" = 1 ] && echo ns)${BASH_REMATCH[5]:+-${BASH_REMATCH[5]}${BASH_REMATCH[6]}}")
   cores=$((BASH_REMATCH[1] * BASH_REMATCH[2]))
   [ "$cores" -gt "$max_cores" ] && max_cores=$cores
+  # Cores besides the servers': a client core per server, the hogs' and the probe's.
+  rest=$((BASH_REMATCH[1] + ${BASH_REMATCH[6]:-0} + 1))
+  [ "$rest" -gt "$max_rest" ] && max_rest=$rest
 done
+if [ "$PIN" != 1 ] && [[ " $LAYOUTS " =~ \+(spin|stream) ]]; then
+  echo "instances.sh: +spin and +stream layouts need PIN=1 (the hogs take cores of their own)" >&2
+  exit 2
+fi
 if [ "$need_netns" -eq 1 ]; then
   [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null ||
     { echo "instances.sh: /ns layouts need root and iproute2's ip" >&2; exit 2; }
@@ -111,9 +133,10 @@ for k in sorted(cores, key=lambda k: min(cores[k])):
     print(",".join(str(c) for c in sorted(cores[k])))
 PY
   )
-  if [ "${#CORES[@]}" -le "$max_cores" ]; then
-    echo "instances.sh: the layouts need $max_cores physical cores for servers and one more for" \
-      "the clients; this machine has ${#CORES[@]} (PIN=0 runs unpinned)" >&2
+  if [ "${#CORES[@]}" -lt $((max_cores + max_rest)) ]; then
+    echo "instances.sh: the layouts need $max_cores physical cores for servers and $max_rest" \
+      "for the clients (one a server at least), the hogs and the probe; this machine has" \
+      "${#CORES[@]} (PIN=0 runs unpinned)" >&2
     exit 2
   fi
 fi
@@ -132,6 +155,23 @@ POINTS="$RAW/points.jsonl"
 : >"$POINTS"
 PIDS=()
 NAMESPACES=()
+PROBE_CPU=
+[ "$PIN" = 1 ] && PROBE_CPU=${CORES[${#CORES[@]} - 1]%%,*}
+# probe SECONDS [DELAY]: after DELAY s, millions of rounds per second of a loop of fixed work
+# on the probe's CPU over SECONDS (the time read is the vDSO's, no system call).
+probe() {
+  taskset -c "$PROBE_CPU" python3 -c '
+import sys, time
+time.sleep(float(sys.argv[2]))
+secs = float(sys.argv[1])
+n, t0 = 0, time.perf_counter()
+end = t0 + secs
+while time.perf_counter() < end:
+    for _ in range(1000):
+        pass
+    n += 1
+print(f"{n / (time.perf_counter() - t0) / 1000:.4f}")' "$1" "${2:-0}"
+}
 stop_all() {
   local pid
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -152,14 +192,26 @@ declare -a S_PREFIX S_CLIENT S_UDP S_TCP S_PIDS S_CPUS S_CLIENT_CPUS
 # start_layout INDEX: starts the layout's servers and agents; 1 if one did not come up.
 start_layout() {
   local n=${LAYOUT_N[$1]} t=${LAYOUT_T[$1]} ns=${LAYOUT_NS[$1]} i a agents
-  local name="${n}x${t}$([ "$ns" = 1 ] && echo ns)"
+  local name=${LAYOUT_NAME[$1]} hog=${LAYOUT_HOG[$1]} hogs=${LAYOUT_HOGS[$1]}
   agents=$((t / THREADS_PER_AGENT))
   [ "$agents" -ge 1 ] || agents=1
-  local pool_first=$max_cores pool=$((${#CORES[@]} - max_cores)) share
+  # The clients' cores: after the servers', before the hogs' and the probe's.
+  local pool_first=$max_cores pool=$((${#CORES[@]} - max_cores - hogs - 1)) share
   share=$((pool / n))
-  [ "$PIN" = 1 ] && [ "$share" -lt 1 ] &&
-    { echo "instances.sh: $n clients for ${pool} client cores" >&2; return 1; }
   S_PREFIX=() S_CLIENT=() S_UDP=() S_TCP=() S_PIDS=() S_CPUS=() S_CLIENT_CPUS=()
+  PROBE_IDLE=null
+  if [ "$PIN" = 1 ]; then
+    PROBE_IDLE=$(probe 1) || PROBE_IDLE=null
+    local k first=$((${#CORES[@]} - 1 - hogs))
+    for ((k = first; k < first + hogs; k++)); do
+      if [ "$hog" = spin ]; then
+        taskset -c "${CORES[k]}" bash -c 'while :; do :; done' &
+      else
+        taskset -c "${CORES[k]}" dd if=/dev/zero of=/dev/null bs=256M 2>/dev/null &
+      fi
+      PIDS+=($!)
+    done
+  fi
   for ((i = 0; i < n; i++)); do
     local prefix="" client="" cpus="" ccpus="" nsname=""
     if [ "$ns" = 1 ]; then
@@ -231,14 +283,15 @@ YAML
     S_PREFIX+=("$prefix") S_CLIENT+=("$client") S_PIDS+=("$pids")
     S_CPUS+=("$cpus") S_CLIENT_CPUS+=("$ccpus")
   done
-  log "$name: $n servers of $t I/O threads, $agents agents of $AGENT_QUEUES queues each"
+  log "$name: $n servers of $t I/O threads, $agents agents of $AGENT_QUEUES queues each$(
+    [ "$hog" != none ] && echo ", $hogs cores of $hog")$([ "$PIN" = 1 ] && echo ", probe idle $PROBE_IDLE")"
 }
 
 # measure INDEX ROUND PROTO: every server of the running layout loaded at once; a line per
 # server in points.jsonl.
 measure() {
   local li=$1 round=$2 proto=$3 n=${LAYOUT_N[$1]} t=${LAYOUT_T[$1]} ns=${LAYOUT_NS[$1]} i
-  local name="${n}x${t}$([ "$ns" = 1 ] && echo ns)"
+  local name=${LAYOUT_NAME[$1]}
   local conns=$((CONNS_PER_THREAD * t))
   local -a t0 c0 lpids
   for ((i = 0; i < n; i++)); do
@@ -246,7 +299,11 @@ measure() {
     c0[i]=0
     [ -n "${S_CPUS[i]}" ] && c0[i]=$(cpus_ticks "${S_CPUS[i]}")
   done
-  local w0 w1
+  local w0 w1 probe_out="$RAW/$name-r$round-$proto.probe" probe_pid=
+  if [ "$PIN" = 1 ]; then
+    probe "$DURATION" "$WARMUP" >"$probe_out" &
+    probe_pid=$!
+  fi
   w0=$(date +%s.%N)
   for ((i = 0; i < n; i++)); do
     local port=${S_UDP[i]}
@@ -266,11 +323,17 @@ measure() {
     lpids[i]=$rc
   done
   w1=$(date +%s.%N)
+  local probe_load=null
+  if [ -n "$probe_pid" ]; then
+    wait "$probe_pid" && probe_load=$(cat "$probe_out")
+    [ -n "$probe_load" ] || probe_load=null
+  fi
   for ((i = 0; i < n; i++)); do
     local t1 c1=0 out="$name-r$round-$proto-s$i"
     t1=$(pid_ticks ${S_PIDS[i]})
     [ -n "${S_CPUS[i]}" ] && c1=$(cpus_ticks "${S_CPUS[i]}")
-    awk -v layout="$name" -v n="$n" -v t="$t" -v ns="$ns" -v round="$round" -v proto="$proto" \
+    awk -v layout="${LAYOUT_SPEC[li]}" -v n="$n" -v t="$t" -v ns="$ns" -v round="$round" -v proto="$proto" \
+      -v hog="${LAYOUT_HOG[li]}" -v hogs="${LAYOUT_HOGS[li]}" -v pidle="$PROBE_IDLE" -v pload="$probe_load" \
       -v i="$i" -v rc="${lpids[i]}" -v dt="$((t1 - t0[i]))" -v dc="$((c1 - c0[i]))" \
       -v pinned="$PIN" -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" -v json="$out.json" \
       -v cpus="${S_CPUS[i]}" -v ccpus="${S_CLIENT_CPUS[i]}" 'BEGIN {
@@ -278,6 +341,7 @@ measure() {
         printf "{\"layout\":\"%s\",\"servers\":%d,\"threads\":%d,\"netns\":%s,\"round\":%d,", layout, n, t, ns ? "true" : "false", round
         printf "\"proto\":\"%s\",\"server\":%d,\"loadgen_rc\":%d,\"cpu_cores\":%.3f,", proto, i, rc, dt / hz / w
         printf "\"server_cpus_cores\":%s,", pinned == 1 ? sprintf("%.3f", dc / hz / w) : "null"
+        printf "\"hog\":\"%s\",\"hog_cores\":%d,\"probe_idle\":%s,\"probe_load\":%s,", hog, hogs, pidle, pload
         printf "\"server_cpus\":\"%s\",\"client_cpus\":\"%s\",\"json\":\"%s\"}\n", cpus, ccpus, json }' >>"$POINTS"
     log "$out: $(head -1 "$RAW/$out.out")"
   done

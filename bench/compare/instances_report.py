@@ -57,6 +57,9 @@ def rounds_of(points):
                 "per_cpu": rps / busy if busy > 0 else None, "bad_replies": bad,
                 "per_server_rps": [p.get("throughput_rps") for p in sorted(pts, key=lambda q: q["server"])],
                 "p99_us": max((p.get("p99_us", 0) for p in pts), default=None),
+                # The probe's rate under this round's load over its rate on the idle machine.
+                "probe": (pts[0]["probe_load"] / pts[0]["probe_idle"]
+                          if pts[0].get("probe_load") and pts[0].get("probe_idle") else None),
             }
     return summary
 
@@ -75,13 +78,14 @@ def main():
     rows = []
     for proto in protos:
         for layout in layouts:
-            key = layout.replace("/", "")
-            by_round = summary.get((key, proto))
+            by_round = summary.get((layout, proto))
             if not by_round:
                 continue
-            n, t = (int(x) for x in layout.split("/")[0].split("x"))
+            n, t = (int(x) for x in layout.split("+")[0].split("/")[0].split("x"))
+            probes = [s["probe"] for s in by_round.values() if s["probe"] is not None]
             rows.append({
-                "layout": layout, "servers": n, "threads": t, "netns": layout.endswith("/ns"),
+                "layout": layout, "servers": n, "threads": t, "netns": "/ns" in layout,
+                "median_probe": median(probes),
                 "proto": proto, "rounds": [by_round[r] for r in sorted(by_round)],
                 "median_rps": median([s["rps"] for s in by_round.values() if s["ok"]]),
                 "median_per_cpu": median([s["per_cpu"] for s in by_round.values() if s["ok"]]),
@@ -110,11 +114,14 @@ def main():
         f"{run['params']['agent_queues']} queues per {run['params']['threads_per_agent']} threads, "
         f"{run['params']['duration_s']} s per point, {run['params']['rounds']} rounds. NxT: N "
         "servers of T I/O threads loaded at once; /ns: each in a network namespace of its own. "
-        f"Per CPU: the servers' total throughput over {busy_what}.",
+        f"Per CPU: the servers' total throughput over {busy_what}. +spinK, +streamK: K more "
+        "cores busy meanwhile, in a loop in registers or writing 256 MiB buffers. Probe: the rate of "
+        "a loop of fixed work on a core of its own during the points over its rate on the idle "
+        "machine (median of the rounds).",
         "",
         "| proto | layout | kreq/s (median) | busy CPUs | kreq/s per CPU (median) | per CPU, each round "
-        "| per CPU against 1xT | against 1x(NxT) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| per CPU against 1xT | against 1x(NxT) | probe |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     by = {(r["proto"], r["layout"]): r for r in rows}
     for r in rows:
@@ -130,7 +137,8 @@ def main():
         busy = "-" if r["median_busy_cpus"] is None else f"{r['median_busy_cpus']:.1f}"
         bad = f" ({r['bad_replies']} wrong or lost)" if r["bad_replies"] else ""
         lines.append(f"| {r['proto']} | {r['layout']} | {k(r['median_rps'])}{bad} | {busy} | "
-                     f"{k(r['median_per_cpu'])} | {each} | {ratio(one_t)} | {ratio(one_all)} |")
+                     f"{k(r['median_per_cpu'])} | {each} | {ratio(one_t)} | {ratio(one_all)} | "
+                     + ("-" if r["median_probe"] is None else f"{r['median_probe']:.2f}") + " |")
     lines += ["", "Raw data: `raw/` (loadgen JSON per server and round, configs, logs, points.jsonl)."]
     open(os.path.join(results, "instances.md"), "w").write("\n".join(lines) + "\n")
     failed = sum(r["failed_rounds"] for r in rows) + sum(r["bad_replies"] > 0 for r in rows)

@@ -49,7 +49,7 @@ SRC=$(cd "$HERE/../.." && pwd)
 mkdir -p "$RESULTS/raw"
 RESULTS=$(realpath "$RESULTS")
 RAW="$RESULTS/raw"
-source "$HERE/lib.sh"  # wait_for_line, pid_ticks, cpus_ticks
+source "$HERE/lib.sh"  # wait_for_line, wait_attached, pid_ticks, cpus_ticks
 
 if [ "$CPU_ONLY" -eq 1 ]; then
   d_layouts="1x1 2x1" d_size=64 d_rounds=1 d_duration=0.3 d_warmup=0.1 d_conns=2 d_window=4
@@ -272,14 +272,7 @@ YAML
       pids="$pids $!"
       wait_for_line "$log-agent$a.log" "serving [0-9]+ service" 60 || return 1
     done
-    local attached=0
-    for _ in $(seq 200); do
-      attached=$(grep -cE "region for service .* attached" "$log-server.log")
-      [ "$attached" -ge "$agents" ] && break
-      sleep 0.1
-    done
-    [ "$attached" -ge "$agents" ] ||
-      { echo "instances.sh: $attached of $agents agents attached to server $i of $name" >&2; return 1; }
+    wait_attached "$log-server.log" "$agents" || return 1
     S_PREFIX+=("$prefix") S_CLIENT+=("$client") S_PIDS+=("$pids")
     S_CPUS+=("$cpus") S_CLIENT_CPUS+=("$ccpus")
   done

@@ -26,6 +26,19 @@ wait_for_line() {
   return 1
 }
 
+# wait_attached LOG COUNT: 0 once snic_server's LOG says that COUNT agent regions have attached
+# (within 20 s); otherwise says how many did and returns 1.
+wait_attached() {
+  local attached=0
+  for _ in $(seq 200); do
+    attached=$(grep -cE "region for service .* attached" "$1")
+    [ "$attached" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  echo "$(basename "$0"): $attached of $2 agents attached within 20 s ($(basename "$1"))" >&2
+  return 1
+}
+
 # A CPU quota for a group of processes (run.sh's held points), through a cgroup of its own
 # under the CPU controller: cgroup v2 (the unified hierarchy) or v1.
 #

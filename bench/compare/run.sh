@@ -214,7 +214,7 @@ trap 'stop_servers; hold_remove; [ -z "$MC_PID" ] || kill -KILL "$MC_PID" 2>/dev
 
 log() { echo "[$(($(date +%s) - T0))s] $*" >&2; }
 
-source "$(dirname "$0")/lib.sh"  # wait_for_line, hold_*, start_memcached, face_destinations,
+source "$(dirname "$0")/lib.sh"  # wait_for_line, wait_attached, hold_*, start_memcached, face_destinations,
                                      # client_queues, cpus_ticks, client_netns_*
 
 # Where the servers listen for clients, and how a client is started (CLIENT_NETNS).
@@ -345,14 +345,7 @@ YAML
         PIDS+=($!)
         wait_for_line "$alog.log" "serving [0-9]+ service" 60 || return 1
       done
-      local attached=0
-      for _ in $(seq 200); do
-        attached=$(grep -cE "region for service .* attached" "$log-server.log")
-        [ "$attached" -ge "${AGENTS:-1}" ] && break
-        sleep 0.1
-      done
-      [ "$attached" -ge "${AGENTS:-1}" ] ||
-        { echo "run.sh: $attached of ${AGENTS:-1} agents attached within 20 s" >&2; return 1; }
+      wait_attached "$log-server.log" "${AGENTS:-1}" || return 1
       SERVER_PIDS=("$spid" "${apids[@]}")
       ;;
     host_centric | cpu)

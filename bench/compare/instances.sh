@@ -186,8 +186,9 @@ stop_all() {
 }
 trap stop_all EXIT
 
-# Per server of the running layout: its prefix (namespace, CPUs), ports, processes and CPUs.
-declare -a S_PREFIX S_CLIENT S_UDP S_TCP S_PIDS S_CPUS S_CLIENT_CPUS
+# Per server of the running layout: how its client starts (namespace, CPUs), its ports,
+# processes and CPUs.
+declare -a S_CLIENT S_UDP S_TCP S_PIDS S_CPUS S_CLIENT_CPUS
 
 # start_layout INDEX: starts the layout's servers and agents; 1 if one did not come up.
 start_layout() {
@@ -198,7 +199,7 @@ start_layout() {
   # The clients' cores: after the servers', before the hogs' and the probe's.
   local pool_first=$max_cores pool=$((${#CORES[@]} - max_cores - hogs - 1)) share
   share=$((pool / n))
-  S_PREFIX=() S_CLIENT=() S_UDP=() S_TCP=() S_PIDS=() S_CPUS=() S_CLIENT_CPUS=()
+  S_CLIENT=() S_UDP=() S_TCP=() S_PIDS=() S_CPUS=() S_CLIENT_CPUS=()
   PROBE_IDLE=null
   if [ "$PIN" = 1 ]; then
     PROBE_IDLE=$(probe 1) || PROBE_IDLE=null
@@ -273,7 +274,7 @@ YAML
       wait_for_line "$log-agent$a.log" "serving [0-9]+ service" 60 || return 1
     done
     wait_attached "$log-server.log" "$agents" || return 1
-    S_PREFIX+=("$prefix") S_CLIENT+=("$client") S_PIDS+=("$pids")
+    S_CLIENT+=("$client") S_PIDS+=("$pids")
     S_CPUS+=("$cpus") S_CLIENT_CPUS+=("$ccpus")
   done
   log "$name: $n servers of $t I/O threads, $agents agents of $AGENT_QUEUES queues each$(

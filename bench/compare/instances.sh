@@ -49,7 +49,7 @@ SRC=$(cd "$HERE/../.." && pwd)
 mkdir -p "$RESULTS/raw"
 RESULTS=$(realpath "$RESULTS")
 RAW="$RESULTS/raw"
-source "$HERE/lib.sh"  # wait_for_line, wait_attached, pid_ticks, cpus_ticks
+source "$HERE/lib.sh"  # wait_for_line, wait_attached, pid_ticks, cpus_ticks, physical_cores
 
 if [ "$CPU_ONLY" -eq 1 ]; then
   d_layouts="1x1 2x1" d_size=64 d_rounds=1 d_duration=0.3 d_warmup=0.1 d_conns=2 d_window=4
@@ -122,17 +122,7 @@ fi
 # CORES[k]: the CPUs of physical core k (comma-separated), in the order of their lowest CPU.
 CORES=()
 if [ "$PIN" = 1 ]; then
-  mapfile -t CORES < <(python3 - <<'PY'
-import collections, glob
-cores = collections.defaultdict(list)
-for d in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
-    cpu = int(d.split("/")[-2][3:])
-    key = (open(d + "/physical_package_id").read().strip(), open(d + "/core_id").read().strip())
-    cores[key].append(cpu)
-for k in sorted(cores, key=lambda k: min(cores[k])):
-    print(",".join(str(c) for c in sorted(cores[k])))
-PY
-  )
+  mapfile -t CORES < <(physical_cores)
   if [ "${#CORES[@]}" -lt $((max_cores + max_rest)) ]; then
     echo "instances.sh: the layouts need $max_cores physical cores for servers and $max_rest" \
       "for the clients (one a server at least), the hogs and the probe; this machine has" \

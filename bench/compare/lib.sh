@@ -141,6 +141,21 @@ cpus_ticks() {
     END { print s + 0 }' /proc/stat
 }
 
+# physical_cores: a line per physical core (package, core id), its CPUs comma-separated, in the
+# order of their lowest CPU.
+physical_cores() {
+  python3 - <<'PY'
+import collections, glob
+cores = collections.defaultdict(list)
+for d in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
+    cpu = int(d.split("/")[-2][3:])
+    key = (open(d + "/physical_package_id").read().strip(), open(d + "/core_id").read().strip())
+    cores[key].append(cpu)
+for k in sorted(cores, key=lambda k: min(cores[k])):
+    print(",".join(str(c) for c in sorted(cores[k])))
+PY
+}
+
 # rps_mask LIST: the CPUs of a taskset list as the hex mask that sysfs's rps_cpus takes (32-bit
 # groups, most significant first, comma-separated).
 rps_mask() {

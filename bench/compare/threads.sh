@@ -35,6 +35,7 @@ results=${2:?usage: threads.sh BUILD_DIR RESULTS_DIR NAME=SNIC_BINARY...}
 shift 2
 [ $# -ge 1 ] || { echo "threads.sh: name at least one NAME=SNIC_BINARY" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"  # physical_cores
 mkdir -p "$results"
 
 export HANDLERS=${HANDLERS:-matvec}
@@ -58,25 +59,16 @@ esac
 # pin_cpus COUNT: SERVER_CPUS and CLIENT_CPUS for PIN at COUNT I/O threads (exported).
 pin_cpus() {
   [ -n "${PIN:-}" ] || return 0
-  local pin=$PIN
+  local pin=$PIN cores half
   [ "$pin" = server:threads ] && pin=server:$1
-  # Physical cores by (package, core id), in the order of their lowest CPU number.
-  read -r SERVER_CPUS CLIENT_CPUS < <(PIN="$pin" python3 - <<'PY'
-import collections, glob, os, sys
-cores = collections.defaultdict(list)
-for d in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
-    cpu = int(d.split("/")[-2][3:])
-    key = (open(d + "/physical_package_id").read().strip(), open(d + "/core_id").read().strip())
-    cores[key].append(cpu)
-keys = sorted(cores, key=lambda k: min(cores[k]))
-pin = os.environ["PIN"]
-half = len(keys) // 2 if pin == "halves" else int(pin.split(":")[1])
-if not 0 < half < len(keys):
-    sys.exit(f"threads.sh: PIN={pin} leaves no core to the server or the client ({len(keys)} cores)")
-cpus = lambda ks: ",".join(str(c) for k in ks for c in sorted(cores[k]))
-print(cpus(keys[:half]), cpus(keys[half:]))
-PY
-  ) || return 1
+  mapfile -t cores < <(physical_cores)
+  if [ "$pin" = halves ]; then half=$((${#cores[@]} / 2)); else half=${pin#server:}; fi
+  if [ "$half" -le 0 ] || [ "$half" -ge "${#cores[@]}" ]; then
+    echo "threads.sh: PIN=$pin leaves no core to the server or the client (${#cores[@]} cores)" >&2
+    return 1
+  fi
+  SERVER_CPUS=$(IFS=,; echo "${cores[*]:0:half}")
+  CLIENT_CPUS=$(IFS=,; echo "${cores[*]:half}")
   export SERVER_CPUS CLIENT_CPUS
   echo "threads.sh: the server on CPUs $SERVER_CPUS, the client on $CLIENT_CPUS"
 }

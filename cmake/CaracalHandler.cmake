@@ -2,7 +2,7 @@
 #
 # Builds a host agent from one handler source: the source defines the handler type and a
 # main() that calls caracal::agent::agent_main<Handler>(argc, argv) (see
-# agent/include/caracal/agent/agent.hpp). The result is an executable NAME that takes
+# host_init/include/caracal/agent/agent.hpp). The result is an executable NAME that takes
 # `--config FILE`, registers with a Caracal server and serves the handler on the configured
 # accelerator. LIBS are linked too (what the handler itself uses).
 #

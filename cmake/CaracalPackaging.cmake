@@ -55,7 +55,10 @@ function(_caracal_man_page target component include name)
   if(NOT _man_ok OR NOT TARGET ${target})
     return()
   endif()
+  # help2man writes into a folder that must exist: Ninja makes an output's folder, Unix Makefiles
+  # do not.
   set(dir ${PROJECT_BINARY_DIR}/man)
+  file(MAKE_DIRECTORY ${dir})
   set(page ${dir}/${target}.1)
   set(run $<TARGET_FILE:${target}>)
   if(CMAKE_CROSSCOMPILING)

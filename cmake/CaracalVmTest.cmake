@@ -1,7 +1,7 @@
 # caracal_add_vm_test(NAME name COMMAND "shell command" [LABEL label] [FILES file ...]
 #                     [DIRS dir ...] [TARGETS target ...] [ENV NAME=VALUE ...] [TIMEOUT seconds])
 #
-# A CTest test that boots the Soft-RoCE VM of scripts/rxe-vm.sh (a stock kernel with rdma_rxe
+# A CTest test that boots the Soft-RoCE VM of tests/vm/rxe-vm.sh (a stock kernel with rdma_rxe
 # under QEMU) and runs COMMAND inside it, in /opt/test, where FILES and DIRS are copied (with
 # the shared libraries of every executable among them, so programs built here run there).
 # FILES may be generator expressions such as $<TARGET_FILE:prog>; TARGETS are built by the
@@ -11,7 +11,7 @@
 # rxe_vm (one VM at a time) and ask CTest for 2 processors, so a parallel ctest runs nothing
 # beside them. Where QEMU, rdma-core's tools or the kernel package cannot be had, the harness
 # exits 77 and the test is reported skipped. Default LABEL rdma, TIMEOUT 600.
-set(CARACAL_RXE_VM "${CMAKE_CURRENT_LIST_DIR}/../scripts/rxe-vm.sh")
+set(CARACAL_RXE_VM "${CMAKE_CURRENT_LIST_DIR}/../tests/vm/rxe-vm.sh")
 cmake_path(NORMAL_PATH CARACAL_RXE_VM)
 
 function(caracal_add_vm_test)

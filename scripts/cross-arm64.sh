@@ -87,7 +87,7 @@ packaged=(snic_server caracal_examples caracal_man_pages)
 if [ $tests = 1 ]; then
   cmake --build "$BUILD" --target "${packaged[@]}" caracal_tests_mqueue caracal_tests_control \
     caracal_tests_accel caracal_tests_server caracal_tests_agent
-  file "$BUILD/server/snic_server" | grep -q 'ARM aarch64' || { echo "snic_server is not arm64"; exit 1; }
+  file "$BUILD/snic_server/snic_server" | grep -q 'ARM aarch64' || { echo "snic_server is not arm64"; exit 1; }
   # Under emulation the stress tests take their reduced size, as under the sanitizers. A test
   # gets a second run if its first fails: under load, qemu-user has been seen to keep a
   # finished thread in /proc/self/task for over a minute (the thread-count checks of two CPU

@@ -29,7 +29,7 @@ test_packages=(
   # End-to-end tests: unmodified clients, and a memcached for destinations to call.
   memcached libmemcached-tools python3
   # The rdma transport (rdma-core), and its tests and benchmark in a Soft-RoCE VM
-  # (scripts/rxe-vm.sh: QEMU, a static busybox for the guest, rdma-core's tools and rxe
+  # (tests/vm/rxe-vm.sh: QEMU, a static busybox for the guest, rdma-core's tools and rxe
   # provider, perftest's ib_*_lat; zstd unpacks Ubuntu's kernel modules).
   libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdmacm-utils perftest iproute2
   qemu-system-x86 busybox-static zstd

@@ -106,8 +106,8 @@ in_root env CARACAL_SDK_PREFIX=/usr bash /tmp/src/tests/e2e/sdk.sh /tmp/sdk-buil
 ran=(sdk)
 if [ -x "$CLIENTS/tests/e2e/caracal_pipeline_client" ]; then
   T=$ROOT/tmp/as-built
-  mkdir -p "$T/server" "$T/examples/echo" "$T/tests/e2e"
-  ln -s "$ROOT/usr/bin/snic_server" "$T/server/snic_server"
+  mkdir -p "$T/snic_server" "$T/examples/echo" "$T/tests/e2e"
+  ln -s "$ROOT/usr/bin/snic_server" "$T/snic_server/snic_server"
   ln -s "$ROOT/usr/bin/caracal_echo_agent" "$T/examples/echo/caracal_echo_agent"
   ln -s "$CLIENTS/tests/e2e/caracal_pipeline_client" "$T/tests/e2e/caracal_pipeline_client"
   for s in pipeline bad_input agent_loss sockperf; do

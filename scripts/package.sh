@@ -24,7 +24,7 @@ version=$(sed -nE 's/^project\(caracal VERSION ([0-9.]+).*/\1/p' CMakeLists.txt)
 for p in caracal-server caracal-agent caracal-dev; do
   [ "$(field $p Version)" = "$version" ] || fail "$p is not version $version"
 done
-[ "$("$BUILD"/server/snic_server --version)" = "snic_server $version" ] ||
+[ "$("$BUILD"/snic_server/snic_server --version)" = "snic_server $version" ] ||
   fail "snic_server --version does not say $version"
 for p in caracal-server caracal-agent; do
   conffiles=$(dpkg-deb --ctrl-tarfile "$BUILD"/packages/"$p"_*.deb | tar -xO ./conffiles)
@@ -35,12 +35,12 @@ done
 # Libraries loaded with dlopen, which dpkg-shlibdeps cannot see.
 server_depends=$(field caracal-server Depends)
 cache=$BUILD/CMakeCache.txt
-if grep -q '^CARACAL_WITH_DPDK:STRING=\(ON\|AUTO\)' "$cache" && ldd "$BUILD/server/snic_server" | grep -q librte_eal; then
+if grep -q '^CARACAL_WITH_DPDK:STRING=\(ON\|AUTO\)' "$cache" && ldd "$BUILD/snic_server/snic_server" | grep -q librte_eal; then
   for lib in librte-mempool-ring librte-net-af-packet librte-net-tap; do
     grep -q "$lib[0-9]" <<<"$server_depends" || fail "caracal-server does not depend on $lib"
   done
 fi
-if ldd "$BUILD/server/snic_server" | grep -q libibverbs; then
+if ldd "$BUILD/snic_server/snic_server" | grep -q libibverbs; then
   grep -q ibverbs-providers <<<"$server_depends" || fail "caracal-server does not depend on ibverbs-providers"
 fi
 echo "package.sh: versions, conffiles and the dlopen dependencies are as they should be"

@@ -69,7 +69,7 @@ how() {
 
 # Each process's lines carry its name, as in a process manager's output. Each runs in a session
 # of its own (setsid), so that Ctrl-C reaches this script alone and it stops them in order.
-setsid build/server/snic_server --config configs/echo-server.yaml "$@" \
+setsid build/snic_server/snic_server --config configs/echo-server.yaml "$@" \
   > >(sed -u 's/^/server | /') 2>&1 &
 server=$!
 # The agent retries until the control endpoint is up; starting it once the server serves

@@ -55,7 +55,7 @@ build_args=()
 # A run that finds no test fails: a test command that tests nothing must not pass.
 ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs" --timeout 600 --no-tests=error)
 if [ -n "$sanitize" ]; then
-  # The rdma tests run in an emulated VM (scripts/rxe-vm.sh): sanitized, they would take far
+  # The rdma tests run in an emulated VM (tests/vm/rxe-vm.sh): sanitized, they would take far
   # too long there, and the VM's kernel, not this build, is what they exercise.
   skip_labels="rdma${skip_labels:+|$skip_labels}"
 fi

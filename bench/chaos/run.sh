@@ -47,7 +47,7 @@ BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR OUT_DIR}")
 OUT=${2:?usage: run.sh BUILD_DIR OUT_DIR}
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
-SERVER_BIN="$BUILD/server/snic_server"
+SERVER_BIN="$BUILD/snic_server/snic_server"
 AGENT_BIN="$BUILD/examples/echo/caracal_echo_agent"
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 for bin in "$SERVER_BIN" "$AGENT_BIN" "$LOADGEN"; do

@@ -20,7 +20,7 @@ for spec in "$@"; do
   # interleaved round) is not built again.
   sum=$(sha256sum "$archive" | cut -c1-16)
   dir="$work/$(basename "$archive" .tar)"
-  server="$dir/build/server/snic_server"
+  server="$dir/build/snic_server/snic_server"
   if [ "$(cat "$dir/archive.sha256" 2>/dev/null)" != "$sum" ] || [ ! -x "$server" ]; then
     rm -rf "$dir" && mkdir -p "$dir/src" && tar -xf "$archive" -C "$dir/src" || exit 2
     if ! { cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \

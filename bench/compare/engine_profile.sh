@@ -2,7 +2,7 @@
 # Where snic_server's engine thread spends its time at saturation: one server and agent per
 # point, caracal_loadgen's saturation load (run.sh's), then the server is stopped and the
 # engine's report is taken from its log. SNIC must be built with -DCARACAL_ENGINE_PROFILE=ON
-# (server/src/mqueue_manager/profile.hpp); with PERF (a perf binary) the engine thread is also
+# (snic_server/src/mqueue_manager/profile.hpp); with PERF (a perf binary) the engine thread is also
 # sampled (cpu-clock) during the measured window, and the flat profile is kept.
 #
 #   bench/compare/engine_profile.sh BUILD_DIR RESULTS_DIR
@@ -22,7 +22,7 @@ BUILD=$(realpath "${1:?usage: engine_profile.sh BUILD_DIR RESULTS_DIR}")
 RESULTS=${2:?usage: engine_profile.sh BUILD_DIR RESULTS_DIR}
 mkdir -p "$RESULTS"
 RESULTS=$(realpath "$RESULTS")
-SNIC=${SNIC:-"$BUILD/server/snic_server"}
+SNIC=${SNIC:-"$BUILD/snic_server/snic_server"}
 POINTS=${POINTS:-"echo:udp:16384 echo:tcp:16384"}
 DURATION=${DURATION:-2}
 WARMUP=${WARMUP:-0.5}

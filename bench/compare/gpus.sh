@@ -76,7 +76,7 @@ CLIENT_PIN=()
 
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
-SNIC="$BUILD/server/snic_server"
+SNIC="$BUILD/snic_server/snic_server"
 HANDLER=${HANDLER:-matvec}
 FACE_LOADER="$BUILD/examples/face_verify/caracal_face_loader"
 FACE_PERSONS=${FACE_PERSONS:-10000}

@@ -71,7 +71,7 @@ AGENT_QUEUES=${AGENT_QUEUES:-$d_queues}
 DISPATCH=${DISPATCH:-round_robin}
 PIN=${PIN:-1}
 
-SNIC="$BUILD/server/snic_server"
+SNIC="$BUILD/snic_server/snic_server"
 AGENT_BIN="$BUILD/examples/matvec/caracal_matvec_agent"
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 for bin in "$SNIC" "$AGENT_BIN" "$LOADGEN"; do

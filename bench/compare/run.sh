@@ -136,7 +136,7 @@ fi
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 CPU_SERVER="$BUILD/bench/baselines/caracal_cpu_server"
 HC_SERVER="$BUILD/bench/baselines/host_centric_server/caracal_host_centric_server"
-SNIC=${SNIC:-"$BUILD/server/snic_server"}
+SNIC=${SNIC:-"$BUILD/snic_server/snic_server"}
 declare -A AGENT=([echo]="$BUILD/examples/echo/caracal_echo_agent"
                   [matvec]="$BUILD/examples/matvec/caracal_matvec_agent"
                   [face]="$BUILD/examples/face_verify/caracal_face_agent")

@@ -31,7 +31,7 @@ fi
 release_build "$src" "$build" "$results/build.log" $((jobs / 2 + 1)) -- snic_server \
   caracal_loadgen caracal_cpu_server caracal_echo_agent caracal_matvec_agent || exit 2
 
-snic=$(realpath "$build/server/snic_server")
+snic=$(realpath "$build/snic_server/snic_server")
 SPREAD_flows=flows SPREAD_datagrams=datagrams \
   "$src/bench/compare/threads.sh" "$build" "$results/threads" flows="$snic" datagrams="$snic"
 failed=$?
@@ -39,7 +39,7 @@ failed=$?
 if [ -n "$profile" ]; then
   wait "$profile_build" || exit 2
   for n in $profile; do
-    SNIC="$build-profile/server/snic_server" THREADS=$n SPREAD=${PROFILE_SPREAD:-datagrams} \
+    SNIC="$build-profile/snic_server/snic_server" THREADS=$n SPREAD=${PROFILE_SPREAD:-datagrams} \
       LOADGEN_THREADS=${LOADGEN_THREADS:-16} SAT_CONNECTIONS=${SAT_CONNECTIONS:-16} \
       AGENT_QUEUES=${AGENT_QUEUES:-16} POINTS="matvec:udp:1024 matvec:tcp:1024" \
       "$src/bench/compare/engine_profile.sh" "$build" "$results/profile-t$n" ||

@@ -25,5 +25,5 @@ release_build "$src" "$build" "$results/build-new.log" $((jobs / 2 + 1)) -- snic
   caracal_loadgen caracal_cpu_server caracal_echo_agent caracal_matvec_agent || exit 2
 wait "$old_build" || exit 2
 "$src/bench/compare/threads.sh" "$build" "$results" \
-  old="$base/build-ab/server/snic_server" new="$build/server/snic_server" \
-  "${@/%/=$build/server/snic_server}"
+  old="$base/build-ab/snic_server/snic_server" new="$build/snic_server/snic_server" \
+  "${@/%/=$build/snic_server/snic_server}"

@@ -25,7 +25,7 @@ MAX_BYTES=${MAX_BYTES:-1024}
 ROUNDS=${ROUNDS:-3}
 SETTLE_S=${SETTLE_S:-3}
 LABEL=${LABEL:-this tree}
-SERVER_BIN="$BUILD/server/snic_server"
+SERVER_BIN="$BUILD/snic_server/snic_server"
 AGENT_BIN="$BUILD/examples/echo/caracal_echo_agent"
 CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
 for bin in "$SERVER_BIN" "$AGENT_BIN" "$CLIENT"; do

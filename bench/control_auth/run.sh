@@ -24,7 +24,7 @@ ROUNDS=${ROUNDS:-5}
 SECONDS_PER_ROUND=${SECONDS_PER_ROUND:-10}
 WORKERS=${WORKERS:-2}
 LABEL=${LABEL:-this tree}
-SERVER_BIN="$BUILD/server/snic_server"
+SERVER_BIN="$BUILD/snic_server/snic_server"
 HELLO="$SRC/tests/e2e/control_hello.py"
 [ -x "$SERVER_BIN" ] || { echo "run.sh: build snic_server in $BUILD first"; exit 2; }
 command -v python3 >/dev/null && command -v curl >/dev/null || { echo "run.sh: needs python3 and curl"; exit 77; }

@@ -35,7 +35,7 @@ if [ -z "${BUILD:-}" ]; then
     -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF >/dev/null
   ninja -C "$build" -j "${JOBS:-2}" snic_server caracal_echo_agent
 fi
-server_bin="$root/$build/server/snic_server"
+server_bin="$root/$build/snic_server/snic_server"
 agent_bin="$root/$build/examples/echo/caracal_echo_agent"
 build_type=$(sed -nE 's/^CMAKE_BUILD_TYPE:[A-Z]+=(.*)/\1/p' "$build/CMakeCache.txt")
 

@@ -94,7 +94,7 @@ services:
       - {{ protocol: udp, listen: 127.0.0.1:0, error_reply: "E {{reason}}", spread: {spread} }}
 """)
     log = config.replace(".yaml", ".log")
-    proc = subprocess.Popen([os.path.join(BUILD, "server/snic_server"), "--config", config],
+    proc = subprocess.Popen([os.path.join(BUILD, "snic_server/snic_server"), "--config", config],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
     port = int(wait_for(log, r"listening on udp/\S+ \(port (\d+)\)").group(1))
     metrics = int(wait_for(log, r"metrics on http://[^:]+:(\d+)/").group(1))

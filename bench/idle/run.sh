@@ -25,7 +25,7 @@ IDLE_S=${IDLE_S:-5}
 DURATION=${DURATION:-5}
 SPARSE_MPS=${SPARSE_MPS:-200}
 POLICIES=${POLICIES:-spin backoff}
-SERVER_BIN="$BUILD/server/snic_server"
+SERVER_BIN="$BUILD/snic_server/snic_server"
 AGENT_BIN="$BUILD/examples/echo/caracal_echo_agent"
 for tool in sockperf curl python3; do
   command -v $tool >/dev/null || { echo "run.sh: $tool is missing (scripts/deps.sh test)"; exit 77; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds caracal_rdma_bench (Release, in build-bench/) and runs it inside the Soft-RoCE VM
-# (scripts/rxe-vm.sh) together with perftest's ib_write_lat and ib_read_lat, writing
+# (tests/vm/rxe-vm.sh) together with perftest's ib_write_lat and ib_read_lat, writing
 #   bench/results/mqueue-rdma-softroce-<hostname>.md    (the markdown report, also shown)
 #   bench/results/mqueue-rdma-softroce-<hostname>.json
 #
@@ -49,7 +49,7 @@ base="$results/mqueue-rdma-softroce-$host"
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 set +e
-scripts/rxe-vm.sh -t 900 -f "$build/bench/rdma/caracal_rdma_bench" -- "$cmd" >"$tmp"
+tests/vm/rxe-vm.sh -t 900 -f "$build/bench/rdma/caracal_rdma_bench" -- "$cmd" >"$tmp"
 rc=$?
 set -e
 if [ $rc -ne 0 ]; then

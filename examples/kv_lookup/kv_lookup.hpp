@@ -64,7 +64,8 @@ struct KeyLookup {
       ++line_end;
     }
     uint32_t field_start = line_end;  // the last field of the VALUE line is the byte count
-    while (field_start > 0 && text[field_start - 1] != ' ') --field_start;
+    while (field_start > 0 && text[field_start - 1] != ' ')
+      --field_start;
     uint64_t bytes = 0;
     for (uint32_t i = field_start; i < line_end; ++i) {
       if (text[i] < '0' || text[i] > '9') return resp.set_error("bad VALUE line from memcached");

@@ -14,7 +14,7 @@ CARACAL_ACCEL=cpu AGENTS=2 AGENT_QUEUES=2 IO_THREADS="1 2" SAT_CONNECTIONS=2 SAT
   LOADGEN_THREADS=2 DURATION=0.3 WARMUP=0.1 OPEN_RATES=2000 \
   SPREAD_flows=flows SPREAD_datagrams=datagrams \
   "$SRC/bench/compare/threads.sh" "$BUILD" "$WORK/out" \
-  flows="$BUILD/server/snic_server" datagrams="$BUILD/server/snic_server" \
+  flows="$BUILD/snic_server/snic_server" datagrams="$BUILD/snic_server/snic_server" \
   >"$WORK/run.log" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$WORK/run.log"; echo "FAIL: threads.sh exited $rc"; exit 1; }
 python3 - "$WORK/out" <<'PY'

@@ -25,7 +25,7 @@ CARACAL_ACCEL=cpu AGENT_QUEUES=2 IO_THREADS="1" SAT_WINDOW=4 \
   DURATION=0.3 WARMUP=0.1 PIN=server:threads SAT_PER_THREAD=2 CLIENT_NETNS_veth=rfs \
   DISPATCH_veth=flow_affinity \
   "$SRC/bench/compare/threads.sh" "$BUILD" "$WORK/out" \
-  loopback="$BUILD/server/snic_server" veth="$BUILD/server/snic_server" \
+  loopback="$BUILD/snic_server/snic_server" veth="$BUILD/snic_server/snic_server" \
   >"$WORK/run.log" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$WORK/run.log"; echo "FAIL: threads.sh exited $rc"; exit 1; }
 [ "$(cat /proc/sys/net/core/rps_sock_flow_entries)" = "$flow_entries" ] ||

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The GPU host's side of tests/bluefield/topology.sh, run inside scripts/rxe-vm.sh's Soft-RoCE
+# The GPU host's side of tests/bluefield/topology.sh, run inside tests/vm/rxe-vm.sh's Soft-RoCE
 # VM (cwd /opt/test): rxe0 sits on the link to the BlueField VM. It serves commands that the
 # host writes one per line to the control channel ($RXE_VM_CTL) and answers each with one line:
 #   start       starts the echo agent with agent.yaml (transport rdma on this VM's rxe0 address)

@@ -2,11 +2,11 @@
 # The Lynx deployment, emulated across two architectures: the SmartNIC and the GPU host as two
 # virtual machines joined by a link, clients on the network outside.
 #
-#   "BlueField": scripts/bluefield-vm.sh, an arm64 machine (qemu-system-aarch64, Debian's stock
+#   "BlueField": tests/vm/bluefield-vm.sh, an arm64 machine (qemu-system-aarch64, Debian's stock
 #     arm64 kernel, systemd) into whose root mmdebstrap made, apt installed the arm64
 #     caracal-server package; systemd starts caracal-server.service. Soft-RoCE (rdma_rxe) on its
 #     link NIC stands in for the BlueField's ConnectX.
-#   "GPU host": scripts/rxe-vm.sh, an x86-64 machine with Soft-RoCE on its link NIC, running the
+#   "GPU host": tests/vm/rxe-vm.sh, an x86-64 machine with Soft-RoCE on its link NIC, running the
 #     echo agent (CPU handler) with transport rdma: it exports its region, the server reaches it
 #     with one-sided RDMA across the link.
 #   The link: a QEMU socket netdev (UDP on loopback) between the two VMs, 198.51.100.0/24.
@@ -80,7 +80,7 @@ EOF
 # ---- 1. the BlueField's root: the arm64 package installed with apt, then provisioned --------
 say "making the BlueField root with $(basename "$DEB")"
 rc=0
-"$SRC/scripts/bluefield-vm.sh" image "$W/bf" "$DEB" || rc=$?
+"$SRC/tests/vm/bluefield-vm.sh" image "$W/bf" "$DEB" || rc=$?
 [ "$rc" -eq 0 ] || { [ "$rc" -eq 77 ] && skip "the arm64 root cannot be made here"; fail "bluefield-vm.sh image exited $rc"; }
 R=$W/bf/root
 # The operator's changes to the packaged configuration: agents register on the link's address;
@@ -131,14 +131,14 @@ EOF
 
 # ---- 2. both machines up, joined by the link ------------------------------------------------
 say "booting the BlueField (arm64) and the GPU host (x86-64)"
-"$SRC/scripts/bluefield-vm.sh" boot "$W/bf" \
+"$SRC/tests/vm/bluefield-vm.sh" boot "$W/bf" \
   -netdev "user,id=mgmt,net=10.0.2.0/24,hostfwd=tcp:127.0.0.1:$P_SSH-:22,hostfwd=udp:127.0.0.1:$P_UDP-:7000,hostfwd=tcp:127.0.0.1:$P_LP-:7001,hostfwd=tcp:127.0.0.1:$P_LINE-:7002,hostfwd=tcp:127.0.0.1:$P_METRICS-:9100" \
   -device virtio-net-pci,netdev=mgmt,mac=52:54:00:b1:00:01 \
   -netdev "socket,id=link,udp=127.0.0.1:$P_LINK_GPU,localaddr=127.0.0.1:$P_LINK_BF" \
   -device virtio-net-pci,netdev=link,mac=52:54:00:b1:00:02 >"$W/bf-console.log" 2>&1 &
 BF_PID=$!
 mkfifo "$W/ctl.in" "$W/ctl.out"   # the control channel's ends; rxe-vm.sh -c joins them to ttyS1
-"$SRC/scripts/rxe-vm.sh" -t 1500 -m 768 -s 1 \
+"$SRC/tests/vm/rxe-vm.sh" -t 1500 -m 768 -s 1 \
   -l "socket,udp=127.0.0.1:$P_LINK_BF,localaddr=127.0.0.1:$P_LINK_GPU" -a 198.51.100.2/24 \
   -c "$W/ctl" -f "$AGENT_BIN" -f "$SRC/tests/bluefield/agent_vm.sh" -f "$W/agent.yaml" -f "$W/secret" \
   -- 'sh agent_vm.sh' >"$W/gpu.log" 2>&1 &

@@ -33,7 +33,7 @@ if [ -z "${CARACAL_DPDK_NETNS:-}" ]; then
   for tool in ip ethtool sockperf curl python3; do
     command -v "$tool" >/dev/null 2>&1 || skip "$tool is not installed (scripts/deps.sh test installs it)"
   done
-  server_bin="${1:?build directory}/server/snic_server"
+  server_bin="${1:?build directory}/snic_server/snic_server"
   probe=$(mktemp)
   printf '%s\n' "control: { listen: 127.0.0.1:0, secret: 0123456789abcdef0123 }" \
     "dpdk: { ipv4: $DPDK_IP }" \

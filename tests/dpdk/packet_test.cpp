@@ -1,6 +1,6 @@
 // The DPDK port's frame parsing and building (dpdk_packet.hpp) on real mbufs from a real
 // mempool: the EAL runs with --no-huge --no-pci and no device.
-#include "caracal/server/front/dpdk_packet.hpp"
+#include "front/dpdk_packet.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

@@ -10,7 +10,7 @@
 # CARACAL_E2E_TRANSPORT picks the agents' transport: shm (default) or rdma, which makes each
 # agent export its regions over RDMA on CARACAL_E2E_RDMA_ADDRESS (an RDMA device's IP; default
 # 192.0.2.1, the Soft-RoCE VM's rxe0) and the server connect to them (tests/rdma/e2e_vm.sh runs
-# the scripts that way inside the VM of scripts/rxe-vm.sh).
+# the scripts that way inside the VM of tests/vm/rxe-vm.sh).
 #
 # CARACAL_E2E_TIME_SCALE (default 1) multiplies the waits for processes to come up, for slow
 # machines (the emulated VM).
@@ -22,7 +22,7 @@ set -euo pipefail
 
 BUILD=${1:?build directory}
 SRC=${2:?source directory}
-SERVER_BIN="$BUILD/server/snic_server"
+SERVER_BIN="$BUILD/snic_server/snic_server"
 ECHO_AGENT="$BUILD/examples/echo/caracal_echo_agent"
 TRANSPORT=${CARACAL_E2E_TRANSPORT:-shm}
 RDMA_ADDRESS=${CARACAL_E2E_RDMA_ADDRESS:-192.0.2.1}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The SDK as a handler author outside the tree gets it: `cmake --install` of this build (under
 # a DESTDIR, so that nothing of the machine's is touched) or CARACAL_SDK_PREFIX, then a project
-# of its own (the three lines of CMake of agent/README.md, and a handler that reverses each
+# of its own (the three lines of CMake of host_init/README.md, and a handler that reverses each
 # message) found with find_package(Caracal), built, and served by the installed snic_server:
 # the reply over TCP is the message reversed.
 source "$(dirname "$0")/lib.sh"

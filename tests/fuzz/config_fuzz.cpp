@@ -15,7 +15,7 @@
 #include "caracal/config/yaml.hpp"
 #include "fuzz_check.hpp"
 #ifdef CARACAL_FUZZ_CONFIG_SERVER
-#include "caracal/server/config.hpp"
+#include "config.hpp"
 #else
 #include "caracal/agent/config.hpp"
 #endif

@@ -1,4 +1,4 @@
-// The DPDK port's frame parser (server/src/front/dpdk_packet.cpp) on frames off the wire. The
+// The DPDK port's frame parser (snic_server/src/front/dpdk_packet.cpp) on frames off the wire. The
 // first bytes of the input choose the checksum flags a PMD would set and where the frame is cut
 // into segments of a chained mbuf; the rest is the frame. The mbufs are built by hand around
 // buffers of their exact size (no EAL, no mempool), so a read past a segment is a sanitizer
@@ -20,7 +20,7 @@
 #include <memory>
 #include <vector>
 
-#include "caracal/server/front/dpdk_packet.hpp"
+#include "front/dpdk_packet.hpp"
 #include "fuzz_check.hpp"
 
 namespace {

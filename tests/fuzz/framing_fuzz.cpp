@@ -1,4 +1,4 @@
-// The TCP framing codecs (server/src/framing.cpp) on a byte stream from a client, or from a
+// The TCP framing codecs (snic_server/src/framing.cpp) on a byte stream from a client, or from a
 // destination for the memcached reply codec. Built once per codec: CARACAL_FUZZ_FRAMING names
 // the FramingKind. The first bytes of the input choose the codec's settings, the rest is the
 // stream, decoded message after message as a TCP connection decodes its buffer.
@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-#include "caracal/server/framing.hpp"
+#include "framing.hpp"
 #include "fuzz_check.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// The server reading TX rings that a buggy or hostile agent fills (server/src/mqueue_manager/
+// The server reading TX rings that a buggy or hostile agent fills (snic_server/src/mqueue_manager/
 // datapath.cpp over mqueue/include/caracal/mqueue/remote_ring.hpp and ring.hpp): the real
 // binding of an shm region (make_transport_binding<ShmTransport>), served round by round as an
 // engine thread serves it, over a region in local memory.
@@ -43,12 +43,12 @@
 #include "caracal/mqueue/ring.hpp"
 #include "caracal/mqueue/shm.hpp"
 #include "caracal/mqueue/validate.hpp"
-#include "caracal/server/mqueue_manager/engine.hpp"
-#include "caracal/server/mqueue_manager/region.hpp"
-#include "caracal/server/reply_routing.hpp"
 #include "fuzz_check.hpp"
 #include "mqueue_manager/datapath.hpp"
+#include "mqueue_manager/engine.hpp"
 #include "mqueue_manager/engine_thread.hpp"
+#include "mqueue_manager/region.hpp"
+#include "reply_routing.hpp"
 
 namespace {
 

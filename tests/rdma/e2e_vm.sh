@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Inside the Soft-RoCE VM (scripts/rxe-vm.sh, cwd /opt/test): runs the given end-to-end scripts
+# Inside the Soft-RoCE VM (tests/vm/rxe-vm.sh, cwd /opt/test): runs the given end-to-end scripts
 # of tests/e2e (copied to /opt/test/e2e) against the binaries copied to /opt/test, with the
 # transport of CARACAL_E2E_TRANSPORT (rdma: the agents export their regions on rxe0's address,
 # the server connects to them). lib.sh expects a build tree: a small one of links is made here.
@@ -10,8 +10,8 @@ export PATH=/opt/test:$PATH
 # Scripts that rewire the network (link_fault.sh) run only where this is set.
 export CARACAL_E2E_VM=1
 B=/tmp/caracal-build
-mkdir -p "$B/server" "$B/examples/echo" "$B/tests/e2e"
-ln -sf /opt/test/snic_server "$B/server/snic_server"
+mkdir -p "$B/snic_server" "$B/examples/echo" "$B/tests/e2e"
+ln -sf /opt/test/snic_server "$B/snic_server/snic_server"
 ln -sf /opt/test/caracal_echo_agent "$B/examples/echo/caracal_echo_agent"
 ln -sf /opt/test/caracal_pipeline_client "$B/tests/e2e/caracal_pipeline_client"
 # Scripts of tests/rdma run with tests/e2e's lib.sh.

@@ -1,4 +1,4 @@
-// The rdma transport against real kernel RDMA (Soft-RoCE inside scripts/rxe-vm.sh's VM; on a
+// The rdma transport against real kernel RDMA (Soft-RoCE inside tests/vm/rxe-vm.sh's VM; on a
 // machine with an RDMA device, wherever RXE_IP names its address).
 //
 //  - RdmaRegionTest: the SmartNIC side (RemoteRegion<RdmaTransport>) and the accelerator side
@@ -72,10 +72,10 @@ bool have_rdma_device() {
   return n > 0;
 }
 
-#define SKIP_WITHOUT_RDMA()                                                                 \
-  if (!have_rdma_device()) {                                                                \
-    GTEST_SKIP() << "no RDMA device here: these tests run inside scripts/rxe-vm.sh (ctest " \
-                    "-L rdma)";                                                             \
+#define SKIP_WITHOUT_RDMA()                                                                  \
+  if (!have_rdma_device()) {                                                                 \
+    GTEST_SKIP() << "no RDMA device here: these tests run inside tests/vm/rxe-vm.sh (ctest " \
+                    "-L rdma)";                                                              \
   }
 
 // An exporter whose connection events a thread services, as an agent's event loop would.

@@ -1,6 +1,6 @@
 // AuthThrottle: penalties per address after repeated failed hellos, growing and capped,
 // forgiven after a quiet window or a success, other addresses untouched, memory bounded.
-#include "caracal/server/auth_throttle.hpp"
+#include "auth_throttle.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "caracal/server/config.hpp"
+#include "config.hpp"
 
 #include <gtest/gtest.h>
 

@@ -21,8 +21,8 @@
 #include "caracal/config/yaml.hpp"
 #include "caracal/control/protocol.hpp"
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/config.hpp"
-#include "caracal/server/server.hpp"
+#include "config.hpp"
+#include "server.hpp"
 
 namespace caracal::server {
 namespace {

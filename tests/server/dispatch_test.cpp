@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/dispatch.hpp"
-#include "caracal/server/mqueue_manager/engine.hpp"
+#include "dispatch.hpp"
+#include "mqueue_manager/engine.hpp"
 #include "test_region.hpp"
 
 namespace caracal::server {

@@ -28,11 +28,11 @@
 #include "caracal/accel/cpu.hpp"
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/dispatch.hpp"
-#include "caracal/server/metrics/metrics.hpp"
-#include "caracal/server/mqueue_manager/engine.hpp"
-#include "caracal/server/tunables.hpp"
+#include "dispatch.hpp"
+#include "metrics/metrics.hpp"
+#include "mqueue_manager/engine.hpp"
 #include "test_region.hpp"
+#include "tunables.hpp"
 
 namespace caracal::server {
 namespace {

@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "caracal/server/ejection.hpp"
-#include "caracal/server/mqueue_manager/flights.hpp"
-#include "caracal/server/tunables.hpp"
+#include "ejection.hpp"
+#include "mqueue_manager/flights.hpp"
+#include "tunables.hpp"
 
 namespace caracal::server {
 namespace {

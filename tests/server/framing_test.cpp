@@ -1,8 +1,8 @@
-#include "caracal/server/framing.hpp"
+#include "framing.hpp"
 
 #include <gtest/gtest.h>
 
-#include "caracal/server/config.hpp"
+#include "config.hpp"
 
 #include <string>
 #include <vector>

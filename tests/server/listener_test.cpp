@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "caracal/config/yaml.hpp"
-#include "caracal/server/config.hpp"
-#include "caracal/server/server.hpp"
-#include "caracal/server/tunables.hpp"
+#include "config.hpp"
+#include "server.hpp"
+#include "tunables.hpp"
 
 extern char** environ;
 

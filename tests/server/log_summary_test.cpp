@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "caracal/server/metrics/log_summary.hpp"
+#include "metrics/log_summary.hpp"
 
 namespace caracal::server {
 namespace {

@@ -1,4 +1,4 @@
-#include "caracal/server/metrics/metrics.hpp"
+#include "metrics/metrics.hpp"
 
 #include <gtest/gtest.h>
 

@@ -4,8 +4,8 @@
 #include <thread>
 #include <vector>
 
-#include "caracal/server/reply_routing.hpp"
-#include "caracal/server/thread_shard.hpp"
+#include "reply_routing.hpp"
+#include "thread_shard.hpp"
 
 namespace caracal::server {
 namespace {

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "caracal/mqueue/shm.hpp"
-#include "caracal/server/mqueue_manager/region.hpp"
-#include "caracal/server/mqueue_manager/region_setup.hpp"
+#include "mqueue_manager/region.hpp"
+#include "mqueue_manager/region_setup.hpp"
 
 namespace caracal::server::test {
 

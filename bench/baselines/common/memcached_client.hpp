@@ -3,7 +3,7 @@
 // come back in request order, so each completes the oldest call waiting; a call with no reply
 // after the timeout fails with every call waiting on the connection, which is closed (a late
 // reply could not be told from the next call's), and the next call connects again. The same
-// rules as snic_server's destinations (server/README.md, Destinations and client queues).
+// rules as snic_server's destinations (snic_server/README.md, Destinations and client queues).
 //
 // Callbacks run on the connection's thread, in call order; after_pending() queues one that runs
 // in that order without a call, so a server can answer requests that need no fetch without

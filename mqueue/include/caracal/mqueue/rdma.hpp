@@ -12,7 +12,7 @@
 //
 // This header is the API: each side may also include only its own header (rdma_transport.hpp,
 // rdma_exporter.hpp; rdma_region_address.hpp is what they share). Built only with
-// CARACAL_HAVE_RDMA. Run here only on Soft-RoCE (rdma_rxe) inside the VM of scripts/rxe-vm.sh;
+// CARACAL_HAVE_RDMA. Run here only on Soft-RoCE (rdma_rxe) inside the VM of tests/vm/rxe-vm.sh;
 // the GPU-memory registrations compile everywhere but have never run (see mqueue/README.md).
 #pragma once
 

@@ -22,13 +22,13 @@ install(FILES ${PROJECT_SOURCE_DIR}/deploy/etc/server.yaml
         DESTINATION ${CMAKE_INSTALL_FULL_SYSCONFDIR}/caracal COMPONENT server)
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/systemd/caracal-server.service
         DESTINATION ${CARACAL_UNIT_DIR} COMPONENT server)
-install(FILES ${PROJECT_SOURCE_DIR}/server/README.md
+install(FILES ${PROJECT_SOURCE_DIR}/snic_server/README.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/../caracal-server COMPONENT server)
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/etc/agents/echo.yaml
         DESTINATION ${CMAKE_INSTALL_FULL_SYSCONFDIR}/caracal/agents COMPONENT agent)
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/systemd/caracal-agent@.service
         DESTINATION ${CARACAL_UNIT_DIR} COMPONENT agent)
-install(FILES ${PROJECT_SOURCE_DIR}/agent/README.md
+install(FILES ${PROJECT_SOURCE_DIR}/host_init/README.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/../caracal-agent COMPONENT agent)
 # Debian's changelog, compressed as policy asks (gzip -9n: no name, no time stamp).
 file(MAKE_DIRECTORY ${PROJECT_BINARY_DIR}/debian)

@@ -9,10 +9,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-package}
 scripts/deps.sh run
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
+# CMake's default generator (Unix Makefiles), as a user who types the two cmake lines gets: the
+# other builds use Ninja, so this one keeps the default generator building. A folder that an
+# earlier run configured with another generator is made anew (CMake refuses to switch).
+if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -qx 'CMAKE_GENERATOR:INTERNAL=Unix Makefiles' "$BUILD/CMakeCache.txt"; then
+  rm -rf "$BUILD"
+fi
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
   -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF -DCARACAL_SANITIZE= \
   -DCMAKE_SKIP_BUILD_RPATH=ON "$@"
-cmake --build "$BUILD"
+cmake --build "$BUILD" -j "$(nproc)"
 rm -rf "$BUILD/packages"
 cpack --config "$BUILD/CPackConfig.cmake" -B "$BUILD/packages"
 ls -1 "$BUILD"/packages/*.deb

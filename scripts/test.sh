@@ -45,10 +45,12 @@ if [ -n "$sanitize" ]; then
   esac
 else
   # build/ is scripts/run.sh's folder too, at the same build type, so that running one command
-  # after the other rebuilds nothing the first one built.
+  # after the other rebuilds little: after run.sh, what run.sh built is compiled again with
+  # warnings as errors; run.sh after this rebuilds nothing.
   build="build"
+  # Warnings are errors in this build, the one every test run makes: a new warning fails it.
   cmake_args+=(-DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_BENCH=ON -DCARACAL_SANITIZE=
-               -DCARACAL_ENGINE_PROFILE=OFF)
+               -DCARACAL_ENGINE_PROFILE=OFF -DCARACAL_WERROR=ON)
 fi
 
 build_args=()

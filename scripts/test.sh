@@ -33,8 +33,7 @@ if [ -n "$sanitize" ]; then
   cmake_args+=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
   # Sanitizer builds cover host code; the CUDA object and the benchmarks add nothing there.
   # They are built to run the tests, not to be fast: -Og and line tables only (what sanitizer
-  # reports print) compile in half the time of -O2 -g (TSan) or a third (ASan+UBSan), and the
-  # TSan suite runs no slower.
+  # reports print) compile much faster than -O2 -g, and the TSan suite runs no slower.
   cmake_args+=(-DCARACAL_SANITIZE="$sanitize" -DCARACAL_WITH_CUDA=OFF -DCARACAL_BUILD_BENCH=OFF
                "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-Og -g1 -DNDEBUG")
   # The engine's stage profile is for benchmarks; the ASan+UBSan build compiles and runs it so

@@ -17,8 +17,9 @@
 # memcached, libevent and netcat .debs (apt-get download memcached libevent-2.1-7
 # netcat-openbsd), unpacked here with dpkg -x. The run's knobs are run.sh's; the defaults here
 # are those of bench/results/face-h100x4's compare.md: 8 I/O threads each, 64 agent queues (a
-# GPU queue serves one face request at a time: 16 held one H100 to about 270 k req/s), 32 x 16
-# in flight from 16 client threads.
+# GPU queue serves one face request at a time, so 16 hold one GPU below what 8 I/O threads
+# serve: bench/results/EXPERIMENTS.md, face-queues-h100x4), 32 x 16 in flight from 16 client
+# threads.
 set -uo pipefail
 BUILD=$(realpath "${1:?usage: face_gpu.sh BUILD_DIR RESULTS_DIR [DEBS_DIR]}")
 RESULTS=${2:?usage: face_gpu.sh BUILD_DIR RESULTS_DIR [DEBS_DIR]}

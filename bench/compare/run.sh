@@ -86,7 +86,7 @@
 # rounded up), a fresh server per point (kind "held"; the point records the quota, the threads,
 # and the enforcement periods in which the group ran out of time). So Caracal is measured with
 # at most the cores of the server it is compared with, as in a container with that CPU limit.
-# With the defaults a full run takes about 8 minutes.
+# With the defaults a full run takes several minutes.
 set -uo pipefail
 
 BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR RESULTS_DIR [--cpu-only]}")
@@ -392,9 +392,9 @@ point() {
   local perf_pid= perf_ctl= perf_ack=
   if [ -n "${PERF:-}" ] && [ "$kind" = saturation ]; then
     # perf starts with sampling off and answers a ping once it is attached; only then does the
-    # load start, and sampling is turned on after the warm-up and off when the load ends. (It
-    # slept through the warm-up and then attached on its own time: on a loaded machine that
-    # was after a short run had ended, and it sampled an idle server.)
+    # load start, and sampling is turned on after the warm-up and off when the load ends. (A
+    # perf that slept through the warm-up and then attached on its own time could, on a loaded
+    # machine, attach after a short run had ended and sample an idle server.)
     local pids fifo="$RAW/$name.perf"
     pids=$(IFS=,; echo "${SERVER_PIDS[*]}")
     rm -f "$fifo.ctl" "$fifo.ack"

@@ -73,8 +73,8 @@ struct Echo {
 };
 
 // The baseline for the copy above: the same 16-byte words, but each thread stores a word before
-// it loads the next, so it has one read across PCIe in flight (what group_copy did before it
-// issued several loads per step).
+// it loads the next, so it has one read across PCIe in flight (a copy that does not issue
+// several loads per step, as group_copy does).
 struct EchoOneWordInFlight {
   static constexpr Granularity kGranularity = Granularity::kWarp;
   __device__ void operator()(const accel::Request& req, accel::Response& resp,
@@ -194,14 +194,14 @@ __device__ inline uint64_t ll_load(uint64_t* w) {
 // kind 5: a warp polls a 256-byte LL request line (one word a lane) until every lane sees round
 // i, then answers like the other steps (fence, flag); 6: the same with a 128-byte line (16
 // lanes); 7: 256 bytes in, and the reply is a 256-byte LL line too (no fence); 8: as 5, with a
-// 64 B write before the fence (an LL RX ring with today's TX).
+// 64 B write before the fence (an LL RX ring with a plain TX ring).
 //
 // 9, 10: as 5, and 11: as 7, with the line's reads overlapped: `kPolls` loads of the line are
 // in flight at once, issued a fraction of a round trip apart, and each is re-issued as soon as
-// it has been checked. A read across PCIe takes about a microsecond, so with one load in flight
-// a line written just after a load sampled it waits for that load and then a whole next one;
-// with four staggered loads it waits for a quarter of that. Whether the GPU sends overlapping
-// reads of one address across PCIe, or merges them, is what these steps show.
+// it has been checked. A read across PCIe takes a whole round trip over the bus, so with one
+// load in flight a line written just after a load sampled it waits for that load and then a
+// whole next one; with four staggered loads it waits for a quarter of that. Whether the GPU
+// sends overlapping reads of one address across PCIe, or merges them, is what these steps show.
 //
 // 12, 13: as 9 and 10, but the driver writes 2 or 4 copies of the line (kLlCopiesOffset) and
 // each load in flight reads its own copy: whether reads of different addresses overlap where

@@ -371,11 +371,11 @@ ServerConfig parse_server_config(const Field& root) {
   ServerConfig c;
   if (auto v = root.optional("io_threads"))
     c.io_threads = static_cast<uint32_t>(v->as_uint(1, tunables::kMaxIoThreads));
-  // Without the key: the engine in the I/O threads, whatever their number. It took fewer cores
-  // and less latency than engine threads of their own on the GPU machine, for less
-  // small-message throughput over TCP (bench/results/EXPERIMENTS.md, engine-default-h200); and
-  // a few engine threads of their own behind many I/O threads are the stage every request waits
-  // for (bench/results/EXPERIMENTS.md, io-threads-h100x2).
+  // Without the key: the engine in the I/O threads, whatever their number. It takes fewer cores
+  // and less latency than engine threads of their own, for less small-message throughput over
+  // TCP (bench/results/EXPERIMENTS.md, engine-default-h200); and a few engine threads of their
+  // own behind many I/O threads are the stage every request waits for
+  // (bench/results/EXPERIMENTS.md, io-threads-h100x2).
   c.engine_threads = 0;
   if (auto v = root.optional("engine_threads"))
     c.engine_threads = static_cast<uint32_t>(v->as_uint(0, tunables::kMaxEngineThreads));

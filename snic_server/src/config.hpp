@@ -116,8 +116,8 @@ struct ListenerConfig {
   bool socket_buffer_set = false;  // given in the config (a cut is then a warning)
   // UDP (Asio): how datagrams are dealt among the listener's sockets, one per I/O thread.
   // kFlows: the kernel's SO_REUSEPORT hash of the sender's address and port, so a client's
-  // datagrams all go to one thread, and with few clients some threads get none (16 clients over
-  // 16 sockets leave about 5 idle and give the busiest 3 times an even share: the report in
+  // datagrams all go to one thread, and with few clients some threads get none and others
+  // several times an even share, even with as many clients as sockets (the report in
   // bench/results/udp-spread-vm). kDatagrams: each
   // datagram to a socket at random (a classic BPF program on the group), even with one client;
   // UDP promises no order, and requests of one client already answer out of order.

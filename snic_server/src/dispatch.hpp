@@ -52,7 +52,7 @@ namespace caracal::server {
 // chosen among). Identifiers are not random: a TCP connection's is its listener's count of
 // connections so far, and connections are dealt to the I/O threads in turn, so one thread's
 // connections have identifiers a thread count apart. Taken modulo that thread's queues as they
-// were, every connection of a thread went to one queue whenever the queue count divided the
+// are, every connection of a thread would go to one queue whenever the queue count divides the
 // thread count. (The finalizer of SplitMix64: a bijection, so distinct flows stay distinct.)
 constexpr uint64_t flow_key(uint64_t id) {
   id = (id ^ (id >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -121,9 +121,8 @@ class Service final : public EngineEvents {
     // the reader's next engine round, right after its socket handlers, takes it into its ring,
     // and the request never waits for a hand-off to another thread, nor wakes one. The other
     // threads have nothing to do for it and sleep. Handing a lone request to the next thread's
-    // queues instead (as this server once did below 8 requests in flight) kept two threads at
-    // work for one client, with no lower latency (`bench/results/EXPERIMENTS.md`,
-    // local-dispatch-h100x4).
+    // queues instead keeps two threads at work for one client, with no lower latency
+    // (`bench/results/EXPERIMENTS.md`, local-dispatch-h100x4).
     std::vector<std::vector<uint32_t>> by_thread;
     // For each engine thread, the thread whose queues stand for its own in that choice: itself
     // if it serves queues, else one that does. With more engine threads than queues (32 I/O

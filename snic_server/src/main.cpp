@@ -33,7 +33,7 @@ namespace {
 // Every request and reply is a heap buffer that one thread allocates and another frees (an I/O
 // thread and the engine, both ways). With glibc's defaults, a free that leaves more than
 // 128 KiB at the top of an arena gives the pages back to the kernel, and the next allocations
-// fault them in again, which at 16 KiB messages cost the engine thread a large share of its time
+// fault them in again, which at 16 KiB messages takes a large share of the engine thread's time
 // (bench/results/EXPERIMENTS.md, engine-16k-h200). The server keeps more free per arena instead,
 // and buffers below a larger threshold off mmap (tunables.hpp).
 void keep_freed_memory() {

@@ -2,8 +2,9 @@
 //
 // The server keeps freed memory in its arenas (tunables::kMallocTrimThreshold, set in main.cpp):
 // requests and replies are allocated by one thread and freed by another at high rates, and
-// handing pages back and faulting them in again cost the engine a large share of its time. The
-// same setting kept everything that thousands of closed connections had held. So connections
+// handing pages back and faulting them in again would cost the engine a large share of its time
+// (bench/results/EXPERIMENTS.md, engine-16k-h200). The same setting keeps everything that
+// thousands of closed connections held (bench/results/conn-memory). So connections
 // report their closes here, and every tunables::kTrimPeriod, if at least
 // tunables::kTrimAfterCloses closed since the last look, malloc_trim() releases the free pages of
 // every arena. Steady traffic with few closes never trims.

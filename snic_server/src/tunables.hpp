@@ -36,28 +36,30 @@ static_assert(kMaxEngineThreads >= kMaxIoThreads, "every I/O thread can host an 
 // their replies while it still polls instead of after a wake-up; short enough that an idle
 // thread gives its core back soon. While replies are outstanding the thread then yields for as
 // many rounds again before it naps. What a spin costs depends on the round: an engine thread of
-// its own looks at its rings only (about 0.13 us a round, 2.7 ms a spin), an I/O thread that
-// hosts the engine also polls its host's reactor, an epoll_wait() (0.28-0.37 us, 6-8 ms a
-// spin). Measured on the 2-core VM with perf stat, one UDP request every 100 ms, 2026-11-27.
+// its own looks at its rings only, an I/O thread that hosts the engine also polls its host's
+// reactor (an epoll_wait() a round), so its spin lasts longer; a request that comes after a
+// spin has ended costs a whole spin of CPU (the figures: snic_server/README.md, "The engine").
 inline constexpr uint32_t kSpinRounds = 20000;
 
 // An I/O thread that hosts an engine thread and is woken from its sleep by a handler that
 // brought no request (a timer such as the acceptor's retry at the file limit, a control
 // message, a new connection) spins this many rounds before it sleeps again, not kSpinRounds:
 // the long spin is for a thread that expects replies or more requests. (Such a handler run
-// between rounds leaves the spin where it was: EngineThread::run_hosted().) When every handler
-// restarted the whole spin, the acceptor's retries at the file limit kept an idle thread
-// spinning at 6% of a core on a 2-core VM (e2e.conn_limits: 1 tick in 2 s now).
+// between rounds leaves the spin where it was: EngineThread::run_hosted().) A timer that fires
+// more often than a spin lasts would otherwise keep an idle thread spinning for as long as it
+// fires (e2e.conn_limits bounds an idle thread's CPU at the file limit; the figures:
+// snic_server/README.md, "The engine").
 inline constexpr uint32_t kQuietWakeSpinRounds = 256;
 
 // An I/O thread that hosts an engine thread runs at most this many of its host's ready
 // handlers between two engine rounds. Under a flood a socket's handler is ready again as soon
 // as it ends (its next receive finds data at once), and a host that ran handlers until none
-// was ready ran no round, took no reply and gave no ring slot back for as long as the flood
-// lasted: up to 10-17 ms at a time with sockperf's UDP flood on a 2-core VM, and the whole
-// 3 s flood (3.1 s) under ThreadSanitizer. A UDP handler takes up to
+// was ready would run no round, take no reply and give no ring slot back for as long as the
+// flood lasts (snic_server/README.md, "The engine"). A UDP handler takes up to
 // kUdpReceiveBatch * kUdpDrainRounds datagrams and a TCP one a read of one connection, so the
-// bound leaves a round every few thousand datagrams or every 64 connections' reads.
+// bound leaves a round every few thousand datagrams or every 64 connections' reads, and costs
+// no throughput that shows at the benchmark's loads (bench/results/EXPERIMENTS.md,
+// handler-bound-nap-h100x4).
 inline constexpr size_t kHostHandlersPerRound = 64;
 
 // Spinning pays only on a core of the thread's own. Every kContendedLookRounds rounds without

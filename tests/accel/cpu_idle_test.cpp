@@ -114,7 +114,7 @@ TEST(CpuIdle, AnIdleWorkerSleepsAndStillServesWhatComes) {
   EXPECT_EQ(acc.total_requests(), 400u);
 }
 
-// idle_sleep_max_us 0 keeps the old policy: the workers poll without ever sleeping.
+// idle_sleep_max_us 0: the workers poll without ever sleeping.
 TEST(CpuIdle, ASleepBoundOfZeroKeepsTheWorkersPolling) {
   SnicDriver snic(small_geometry(1));
   CpuOptions o = workers_options(1);

@@ -108,7 +108,7 @@ for server in ("caracal", "caracal_threads", "cpu"):
             # The profile: the kernel's share seen (each server here receives and sends through
             # the kernel), and for Caracal its own code (its engine polls the rings all the
             # time). The CPU server's own code is a thin loop around the kernel's calls: spread
-            # over symbols below the report's 0.3% cut-off, it sums to 0 in some runs.
+            # over symbols below the report's 0.3% cut-off, it can sum to 0.
             prof = sat[0].get("profile_pct") if sat else None
             own_code_seen = not server.startswith("caracal") or (prof and prof["server code"] > 0)
             if have_perf and not (prof and prof["kernel rest"] > 0 and own_code_seen

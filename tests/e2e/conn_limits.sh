@@ -65,10 +65,10 @@ limit_from=$(now)
 # tried again at once would fail thousands of times a second and hold a core (the failures are
 # counted below, once descriptors are free: /metrics cannot be reached at the limit). A retry
 # brings no request, so the I/O thread it wakes spins only tunables::kQuietWakeSpinRounds
-# before it sleeps again (a retry that restarted the whole spin kept the thread spinning, at 6%
-# of a core, since retries come more often than a spin lasts). The server's own threads
-# (caracal-io...; not a sanitizer's helper thread) are counted for 2 s and bounded at a quarter
-# of a core: 1 tick of 100 in the plain build.
+# before it sleeps again (a retry that restarted the whole spin would keep the thread spinning,
+# since retries come more often than a spin lasts; the figures: snic_server/README.md, "The
+# engine"). The server's own threads (caracal-io...; not a sanitizer's helper thread) are
+# counted for 2 s and bounded at a quarter of a core.
 server_ticks() {
   local t stat sum=0
   for t in /proc/"$FD_PID"/task/*; do

@@ -3,7 +3,7 @@
 # engine thread of two of the echo agent's four queues, and a TCP listener whose connections
 # are dealt to the two threads in turn. A thread applies the policy to its own two queues, so
 # its connections (every other one) must spread over both of them: the listener's connection
-# count taken as the flow, as it was, put all of a thread's connections on one queue. 16
+# count taken as the flow as it is would put all of a thread's connections on one queue. 16
 # pipelined connections get every reply in order, and each of the four queues answers some.
 source "$(dirname "$0")/lib.sh"
 need curl

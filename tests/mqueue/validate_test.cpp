@@ -92,7 +92,8 @@ const RegionCase kRegionCases[] = {
     // control_offset + control_bytes wraps to a small number: must not pass as in bounds.
     {"ControlBytesOverflowingTheOffset",
      [](RegionHeader& h, uint64_t&) { h.control_bytes = 0 - h.control_offset; }, "control_bytes"},
-    // In bounds of a huge mapping, but longer than one 32-bit read (found by fuzzing).
+    // In bounds of a huge mapping, but longer than one 32-bit read (as the fuzz input
+    // tests/fuzz/regressions/region_header/control-bytes-past-one-read has it).
     {"ControlBytesPastOneRead",
      [](RegionHeader& h, uint64_t& mapped) {
        h.control_bytes = uint64_t{1} << 36;

@@ -10,9 +10,9 @@
 # The fault: the server's neighbour entry for echo-1's address is pointed at a MAC address no
 # device has, so its frames are dropped at the far end of the veth while the link stays up.
 # Expected, under a pipelined load with every reply checked:
-#   - the server's queue pair to echo-1 exhausts its retries (a completion error, about 8.6 s
-#     with the default ACK timeout), echo-1's region leaves dispatch and its requests in flight
-#     fail with error replies; no reply goes to the wrong request;
+#   - the server's queue pair to echo-1 exhausts its retries (a completion error after
+#     rdma_retry_count + 1 ACK timeouts, as set below), echo-1's region leaves dispatch and its
+#     requests in flight fail with error replies; no reply goes to the wrong request;
 #   - echo-1 stays registered (heartbeats flow), echo-2 serves everything meanwhile;
 #   - the server tries to reconnect with backoff, and the tries fail while frames are lost;
 #   - once the neighbour entry is right again, a reconnect succeeds and the region is

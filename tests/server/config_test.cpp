@@ -143,7 +143,8 @@ TEST(ServerConfig, UnknownKeyNamesLineAndKnownKeys) {
 }
 
 // A list or a mapping where a setting's name goes ("? " in YAML) is a ConfigError at its line,
-// not yaml-cpp's conversion error escaping (found by fuzzing).
+// not yaml-cpp's conversion error escaping (the fuzz input
+// tests/fuzz/regressions/server_config/mapping-as-key).
 TEST(ServerConfig, KeyThatIsNotANameNamesItsLine) {
   const std::string e = error_of(with("  secret: 0123456789abcdef0123", "? [secret]: x"));
   EXPECT_NE(e.find("test.yaml:5:"), std::string::npos) << e;

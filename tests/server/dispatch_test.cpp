@@ -82,8 +82,8 @@ TEST_F(DispatchTest, FlowAffinityKeepsAFlowOnOneQueue) {
 }
 
 // Listeners' identifiers a queue count apart (the TCP connections that one I/O thread gets when
-// connections are dealt to the threads in turn) must not all land on one queue, as they did
-// when the identifier itself was the flow.
+// connections are dealt to the threads in turn) must not all land on one queue, as they would
+// with the identifier itself as the flow.
 TEST_F(DispatchTest, FlowKeysSpreadIdentifiersAQueueCountApart) {
   make_service(DispatchPolicy::kFlowAffinity);
   for (uint64_t id = 3; id < 3 + 4 * 16; id += 4) {

@@ -990,8 +990,8 @@ TEST(HostedEngine, StopBeforeTheHostsStart) {
 }
 
 // One hosted engine thread that has gone to sleep, for the tests of what ends its sleep. It
-// spins a million rounds (50 ms and more, 1.7 s under TSan on a 2-core VM) before it sleeps,
-// with no cut to short spins on a loaded machine (contended_spin_rounds as long), and
+// spins a million rounds (far longer than the gaps between the handlers the tests post) before
+// it sleeps, with no cut to short spins on a loaded machine (contended_spin_rounds as long), and
 // `quiet_wake` rounds after a wake-up that brought no request. The engine counts its sleeps (not
 // the thread's context switches, which a loaded machine and a sanitizer's locks add to).
 class SleepingHost {
@@ -1032,8 +1032,8 @@ class SleepingHost {
 // A handler that ends a hosted thread's sleep and counts as bringing requests (here: any, with
 // the quiet wake-up as long as the spin) is work, as one that io.poll() runs is: the thread
 // spins again before it sleeps. A thread that only reads sockets (its requests go to another
-// thread's queues) otherwise fell asleep once and then slept again after every request, each of
-// which then waited for the thread to be woken. Handlers come here every 50 us.
+// thread's queues) would otherwise fall asleep once and then sleep again after every request,
+// each of which would then wait for the thread to be woken. Handlers come here every 50 us.
 TEST(HostedEngine, AHandlerThatEndsTheSleepIsWorkAndTheThreadSpinsAgain) {
   SleepingHost h(SleepingHost::kSpin);
   ASSERT_GE(h.sleeps(), 1u) << "the host never went to sleep";

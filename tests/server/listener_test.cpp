@@ -289,8 +289,8 @@ class SlowAgent {
 // first bytes of the next request buffered and a read waiting for more. The stop drops the
 // buffered bytes; the read then brings the rest of that request, which begins inside it. None
 // of it may be taken for a request: here the rest is made to frame a whole request of its own
-// (a 40-byte message), which the server used to dispatch and answer as if it were the client's
-// next request (and other bytes make a "malformed" error reply instead).
+// (a 40-byte message), which a server that took it would dispatch and answer as if it were the
+// client's next request (and other bytes would make a "malformed" error reply instead).
 //
 // The order is made certain by holding the only I/O thread in a metrics scrape (a gauge whose
 // callback waits) while the rest is sent and the stop posts its shutdown to the connection:

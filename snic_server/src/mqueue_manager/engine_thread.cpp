@@ -31,7 +31,8 @@ void EngineThread::start() {
   started_ = true;
   if (host_ != nullptr) return;  // the host's thread runs the rounds (run_hosted())
   thread_ = std::thread([this] {
-    // Thread 0 keeps the name it had before there were several; names stay within 15 bytes.
+    // Thread 0 has the plain name, that of a server's only engine thread; names stay within
+    // 15 bytes.
     const std::string name =
         index_ == 0 ? std::string("caracal-engine") : "caracal-engine" + std::to_string(index_);
     pthread_setname_np(pthread_self(), name.c_str());
@@ -260,9 +261,9 @@ EngineThread::RoundOutcome EngineThread::round() {
   }
   // One burst per round, whatever the number of regions: a TCP connection or UDP socket that
   // regions answered in this round gets one handler and one send, not one for each region.
-  // Replies from the first region wait for the other regions' serve(); with four agents that
-  // left the p50 at one connection where it was, and saved a send per region on every sink
-  // they share (bench/results/EXPERIMENTS.md, one-burst-per-round-h100x4).
+  // Replies from the first region wait for the other regions' serve(), which adds no latency
+  // that shows, and every sink that regions share is spared a send per region
+  // (bench/results/EXPERIMENTS.md, one-burst-per-round-h100x4).
   flush_replies();
   check_deadlines();
   return busy ? RoundOutcome::kBusy : RoundOutcome::kIdle;

@@ -3,11 +3,12 @@
 // 16-byte aligned (ring payloads are: a slot is a multiple of 64 bytes and its header is 16), so
 // a warp moves 512 bytes per step instead of 32 single-byte accesses across PCIe.
 //
-// A ring in host memory is read by the GPU across PCIe, about a microsecond per read. A loop
-// that stores each word before it loads the next has one read in flight per thread and pays
-// that microsecond per step; the 16-byte copies here issue kCopyWordsInFlight loads before
-// their stores (the compiler may not reorder a load above a store that could alias it), so a
-// warp has up to 4 KiB of reads outstanding.
+// A ring in host memory is read by the GPU across PCIe, each read a round trip over the bus
+// (bench/results/EXPERIMENTS.md, gpu-shm-latency-nvidia-h200.md). A loop that stores each word
+// before it loads the next has one read in flight per thread and pays that round trip per step;
+// the 16-byte copies here issue kCopyWordsInFlight loads before their stores (the compiler may
+// not reorder a load above a store that could alias it), so a warp has up to 4 KiB of reads
+// outstanding (bench/results/EXPERIMENTS.md, gpu-copies-h200.md).
 #pragma once
 
 #include <cstdint>

@@ -101,9 +101,9 @@ inline constexpr uint16_t kKnownSlotFlags = kSlotSkip | kSlotError | kSlotNoRepl
 // short TX entry (a reply or a handler's outgoing request of up to kLineInlineBytes) in the line
 // of its entry, in the same encoding, and the SmartNIC polls the next entry's line as well as the
 // tail. What the lines save here is the accelerator's fence: the tail may be published only
-// after a system-scope release fence that waits for the entries' writes to land (about half a
-// microsecond across PCIe), while a line's words are each vouched for by their own flag and may
-// be stored before that fence.
+// after a system-scope release fence that waits for the entries' writes to land across PCIe,
+// while a line's words are each vouched for by their own flag and may be stored before that
+// fence (bench/results/EXPERIMENTS.md, tx-lines-h200).
 //  - Only an entry whose payload fits in the line may have one, and none has to: long entries,
 //    skip markers, and every entry of a producer that writes no lines (a thread-granular GPU
 //    worker, a batched handler) are found by the tail alone. A consumer therefore always goes by

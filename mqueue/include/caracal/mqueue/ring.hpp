@@ -661,10 +661,10 @@ class LocalConsumerAccess {
   //
   // A tail behind what was already read is stale and ignored: a valid tail is never more than
   // a ring ahead of the head, so `tail - read` is at most the capacity, and a tail that went
-  // backwards shows as a huge unsigned distance. The protocol never writes one, but an old index
-  // write can land after newer ones: it happens under Soft-RoCE in the test VM, with no
-  // retransmission counted, and the cause is not found (see mqueue/README.md). Taken as is, such a
-  // tail would send the consumer past the producer's entries into stale slots.
+  // backwards shows as a huge unsigned distance. The protocol never writes one, but a transport
+  // may land an old index write after newer ones (Soft-RoCE does: mqueue/README.md, "Index words
+  // that go backwards under Soft-RoCE"). Taken as is, such a tail would send the consumer past
+  // the producer's entries into stale slots.
   CARACAL_INLINE void refresh_tail(uint32_t& readable, uint32_t read, const RingGeometry& g) {
     const uint32_t tail = load_acquire(tail_word_);
     if (tail - read <= g.capacity) readable = tail;

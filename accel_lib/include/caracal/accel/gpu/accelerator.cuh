@@ -36,11 +36,11 @@
 // Polling and stopping. A worker that finds nothing spins busy_polls rounds, then sleeps with
 // __nanosleep between rounds, doubling up to idle_sleep_max_ns, so an idle service stops
 // reading across PCIe at full rate. The stop word is read every kStopCheckRounds rounds when
-// busy and every kSleepingStopCheckRounds rounds when sleeping (a few hundred microseconds at
-// the longest sleep); client calls check it while they wait. Read every round by every idle
-// worker, the one shared word slowed the busy workers' reads across PCIe, with idle queues next
-// to a busy one (bench/results/EXPERIMENTS.md, rx-lines-h200). stop() raises it and waits
-// (bounded) for the kernel to return.
+// busy and every kSleepingStopCheckRounds rounds when sleeping (so a stop is seen within
+// kSleepingStopCheckRounds longest sleeps); client calls check it while they wait. It is not
+// read every round: every idle worker reading the one shared word across PCIe slows the busy
+// workers' reads, with idle queues next to a busy one (bench/results/EXPERIMENTS.md,
+// rx-lines-h200). stop() raises it and waits (bounded) for the kernel to return.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -362,8 +362,8 @@ __device__ uint32_t serve_queue(const KernelArgs& a, QueueState& qs, uint32_t q,
   }
   if (leader && n != 0) {
     // One system-scope fence orders the replies' bytes and headers, and the reads of the
-    // requests, before both index stores: a fence across PCIe costs about a microsecond, and
-    // two release stores would pay it twice.
+    // requests, before both index stores: a fence waits for the writes before it to reach
+    // across PCIe, and two release stores would pay that wait twice.
     mqueue::fence_release();
     qs.tx.publish_after_fence();
     qs.rx.publish_after_fence();

@@ -80,7 +80,7 @@ $sudo update-binfmts --enable qemu-aarch64 2>/dev/null || true
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$PWD/cmake/toolchains/$A.cmake" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr -DCARACAL_WITH_CUDA=OFF \
   -DCARACAL_WITH_DPDK=ON -DCARACAL_WITH_RDMA=ON -DCARACAL_WITH_SYSTEMD=ON \
-  -DCARACAL_BUILD_TESTS=$([ $tests = 1 ] && echo ON || echo OFF) -DCARACAL_BUILD_BENCH=OFF
+  -DCARACAL_BUILD_TESTS="$([ $tests = 1 ] && echo ON || echo OFF)" -DCARACAL_BUILD_BENCH=OFF
 labels='mqueue|control|accel|server|agent'
 # What the packages hold: the programs and their manual pages (help2man runs them under qemu).
 packaged=(snic_server caracal_examples caracal_man_pages)

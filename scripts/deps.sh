@@ -21,7 +21,8 @@ run_packages=(
   netcat-openbsd socat sockperf curl
 )
 test_packages=(
-  git clang-format
+  # scripts/lint.sh's gates: the sources' format and the shell scripts' findings.
+  git clang-format shellcheck
   # scripts/package.sh makes the manual pages with help2man and checks the packages with
   # lintian; package-install-check.sh installs them into a fresh root that mmdebstrap makes.
   lintian mmdebstrap help2man

@@ -13,7 +13,7 @@
 # Tools the machine lacks (sockperf, memcached, nc) are taken from build-debs/*.deb when there
 # (unpacked with dpkg -x; fetch them elsewhere with `apt-get download`).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 skip_bench=0
 only_bench=0

@@ -43,7 +43,7 @@ server_depends=$(field caracal-server Depends)
 cache=$BUILD/CMakeCache.txt
 if grep -q '^CARACAL_WITH_DPDK:STRING=\(ON\|AUTO\)' "$cache" && ldd "$BUILD/snic_server/snic_server" | grep -q librte_eal; then
   for lib in librte-mempool-ring librte-net-af-packet librte-net-tap; do
-    grep -q "$lib[0-9]" <<<"$server_depends" || fail "caracal-server does not depend on $lib"
+    grep -q "${lib}[0-9]" <<<"$server_depends" || fail "caracal-server does not depend on $lib"
   done
 fi
 if ldd "$BUILD/snic_server/snic_server" | grep -q libibverbs; then

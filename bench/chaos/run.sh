@@ -83,7 +83,8 @@ SECRET="chaos-secret-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 now() { date +%s.%N; }
 # event NAME [KEY VALUE]...: one line of events.jsonl (values are numbers or plain words).
 event() {
-  local line="{\"t\": $(now), \"event\": \"$1\""
+  local line
+  line="{\"t\": $(now), \"event\": \"$1\""
   shift
   while [ $# -ge 2 ]; do
     if [[ $2 =~ ^-?[0-9]+(\.[0-9]+)?$ ]]; then
@@ -295,7 +296,7 @@ for cycle in $(seq "$CYCLES"); do
   if [ "$SERVER_EVERY" -gt 0 ] && [ $((cycle % SERVER_EVERY)) -eq 0 ]; then
     restarts=$((restarts + 1))
     how=term
-    [[ ",$SERVER_KILL," == *",$restarts,"* ]] && how=kill
+    [[ ",$SERVER_KILL," == *",$restarts,"* ]] && how="kill"
     echo "cycle $cycle: server restart $restarts ($how)"
     stop_server "$how"
     start_server

@@ -59,7 +59,7 @@ for step in $STEPS; do
       for round in $(seq "${AB_ROUNDS:-2}"); do
         for spec in $AB_ARCHIVES; do
           echo "== ab: ${spec%%=*}, round $round"
-          OPEN_SIZES= timeout 300 "$SRC/bench/compare/ab.sh" "$BUILD" "$RESULTS/ab" \
+          OPEN_SIZES='' timeout 300 "$SRC/bench/compare/ab.sh" "$BUILD" "$RESULTS/ab" \
             "${spec%%=*}-$round=${spec#*=}" || status=1
           grep -h "saturation" "$RESULTS/ab/${spec%%=*}-$round/compare.md" 2>/dev/null | head -4
         done

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by bench/compare's scripts (sourced).
 
 # release_build SRC BUILD LOG JOBS [-DOPTION...] -- TARGET...: a Release build of the tree SRC
@@ -46,7 +47,7 @@ wait_attached() {
 # on stderr why it cannot and returns 1.
 hold_create() {
   local root=/sys/fs/cgroup dir=
-  HOLD_CG= HOLD_V=
+  HOLD_CG='' HOLD_V=''
   if [ -f "$root/cgroup.controllers" ]; then
     if ! grep -qw cpu "$root/cgroup.controllers"; then
       echo "cgroup v2 at $root offers no cpu controller" >&2
@@ -237,6 +238,7 @@ start_memcached() {
   MC_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   "${pin[@]}" "$MEMCACHED" "${as_user[@]}" -l 127.0.0.1 -p "$MC_PORT" -U 0 -m 1024 -c 4096 \
     -t "$MEMCACHED_THREADS" >"$RAW/memcached.log" 2>&1 &
+  # shellcheck disable=SC2034 # read by the caller, which kills it
   MC_PID=$!
   local _
   for _ in $(seq 100); do
@@ -263,7 +265,7 @@ face_destinations() {
 }
 client_queues() {
   [ "$1" = face ] || return 0
-  local q out=""
-  for q in $(seq "$AGENT_QUEUES"); do out="$out${out:+, }{ destination: memcached }"; done
+  local _ out=""
+  for _ in $(seq "$AGENT_QUEUES"); do out="$out${out:+, }{ destination: memcached }"; done
   echo ", client_queues: [ $out ]"
 }

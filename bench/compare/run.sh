@@ -389,7 +389,7 @@ point() {
   local name="$server-$handler-$proto-$size-$kind${ROUND:+-$ROUND}"
   local t0 t1 p0 p1 w0 w1 rc threads_before threads="{}"
   [ "$kind" = saturation ] && threads_before=$(thread_ticks)
-  local perf_pid= perf_ctl= perf_ack=
+  local perf_pid='' perf_ctl='' perf_ack=''
   if [ -n "${PERF:-}" ] && [ "$kind" = saturation ]; then
     # perf starts with sampling off and answers a ping once it is attached; only then does the
     # load start, and sampling is turned on after the warm-up and off when the load ends. (A
@@ -411,7 +411,7 @@ point() {
   [ "$HOLDING" = 1 ] && hold_before=$(hold_stat)
   local idle0
   idle0=$(engine_idle_seconds)
-  local c0= c1=
+  local c0='' c1=''
   [ -n "${SERVER_CPUS:-}" ] && c0=$(cpus_ticks "$SERVER_CPUS")
   t0=$(ticks)
   p0=$(ticks "${SERVER_PIDS[0]}")
@@ -467,6 +467,7 @@ point() {
   local hold=
   if [ -n "$hold_before" ]; then
     # The quota and thread count (set by the caller), and the enforcement periods over the run.
+    # shellcheck disable=SC2046 # split on purpose: two numbers from each hold_stat
     set -- $hold_before $(hold_stat)
     hold=$(printf '"hold":{"to":"%s","cores":%s,"threads":%d,"period_us":%d,%s},' \
       "$HOLD_TO" "$HOLD_CORES" "$THREADS" "$HOLD_PERIOD_US" \

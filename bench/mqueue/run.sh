@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-build=build-bench
+build="build-bench"
 results=${RESULTS_DIR:-bench/results}
 jobs=${JOBS:-2}
 

@@ -44,7 +44,7 @@ PIPELINE=$BUILD/tests/e2e/caracal_pipeline_client
 for f in "$AGENT_BIN" "$PIPELINE"; do [ -x "$f" ] || skip "$f is not built"; done
 
 W=$(mktemp -d "${TMPDIR:-/tmp}/caracal-bluefield.XXXXXX")
-BF_PID= GPU_PID=
+BF_PID='' GPU_PID=''
 elapsed() { echo "$(($(date +%s) - T_START)) s"; }
 say() { echo "[$(elapsed)] $*"; }
 cleanup() {
@@ -113,7 +113,7 @@ EOF
 chroot "$R" systemctl enable -q systemd-networkd systemd-networkd-wait-online soft-roce 2>/dev/null ||
   fail "systemctl enable in the BlueField root failed"
 ssh-keygen -q -t ed25519 -N '' -f "$W/key"
-mkdir -p -m 0700 "$R/root/.ssh"; cp "$W/key.pub" "$R/root/.ssh/authorized_keys"
+install -d -m 0700 "$R/root/.ssh"; cp "$W/key.pub" "$R/root/.ssh/authorized_keys"
 # The agent presents the secret the package generated, copied to the GPU host as deploy/README
 # says (mode 0600 there).
 install -m 0600 "$R/etc/caracal/secret" "$W/secret"

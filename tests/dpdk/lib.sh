@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the DPDK end-to-end tests (sourced instead of ../e2e/lib.sh, which it sources): the test runs inside a
 # network namespace of its own, where snic_server's DPDK port sits on one side of a link and the
 # kernel (sockperf, python, curl, the agent's control connection) on the other:
@@ -18,6 +19,7 @@ set -euo pipefail
 DPDK_IP=192.0.2.2
 KERNEL_IP=192.0.2.1
 DPDK_PMD=${DPDK_PMD:-af_packet}  # af_packet or tap; CTest sets it per test
+# shellcheck disable=SC2034 # KERNEL_IFACE and DPDK_PORT_NAME are read by the test scripts
 case "$DPDK_PMD" in
   af_packet) KERNEL_IFACE=vkern DPDK_PORT_NAME=net_af_packet0 ;;
   tap) KERNEL_IFACE=dtap0 DPDK_PORT_NAME=net_tap0 ;;

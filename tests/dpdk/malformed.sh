@@ -51,7 +51,8 @@ expect() {
   local reason=$1 op=$2 n=$3 got
   got=$(($(drops "$reason") - ${before[$reason]}))
   echo "drops $reason: $got"
-  [ "$got" "$op" "$n" ] || fail "$reason: counted $got, expected $op $n"
+  # `test`, not `[ ]`: shellcheck cannot parse a [ ] whose operator is in a variable.
+  test "$got" "$op" "$n" || fail "$reason: counted $got, expected $op $n"
 }
 expect bad_length -eq 5
 expect bad_checksum -eq 2

@@ -15,6 +15,7 @@ start_agent echo-2 "$ECHO_AGENT" "$SERVICE"
 start_load 7
 # Kill echo-1 once the load is well under way.
 wait_for_replies
+# shellcheck disable=SC2154 # start_agent (lib.sh) sets AGENT_PID_<name> through eval
 kill -KILL "$AGENT_PID_echo_1"
 echo "killed echo-1 after $(metric caracal_service_replies_total) replies"
 wait_for_line "$WORK/server.log" "agent 'echo-1' lost"

@@ -160,6 +160,7 @@ for c in $CASES; do
       start_case --fault-after 300
       run_load 31
       rc=0
+      # shellcheck disable=SC2154 # start_agent (lib.sh) sets AGENT_PID_<name> through eval
       for _ in $(seq $((100 * TIME_SCALE))); do
         kill -0 "$AGENT_PID_echo_1" 2>/dev/null || break
         sleep 0.05

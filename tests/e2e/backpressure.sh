@@ -30,6 +30,7 @@ start_agent echo-1 "$ECHO_AGENT" "  - { name: echo, queues: 2, ring_capacity: 16
 UDP=$(port_of "udp/127.0.0.1:0")
 TCP=$(port_of "tcp/127.0.0.1:0")
 
+# shellcheck disable=SC2154 # start_agent (lib.sh) sets AGENT_PID_<name> through eval
 kill -STOP "$AGENT_PID_echo_1"
 "$CLIENT" --connect "127.0.0.1:$TCP" --connections 8 --requests 20000 --pipeline 4000 \
   --min-bytes 1 --max-bytes 200 --framing line --seed 3 --timeout-s 120 >"$WORK/client.log" 2>&1 &

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the end-to-end tests: start the real snic_server and agents on loopback with
 # ports the OS picks, wait for them to be ready, and clean everything up on exit.
 #
@@ -21,8 +22,10 @@
 set -euo pipefail
 
 BUILD=${1:?build directory}
+# shellcheck disable=SC2034 # read by the scripts that source this file
 SRC=${2:?source directory}
 SERVER_BIN="$BUILD/snic_server/snic_server"
+# shellcheck disable=SC2034 # read by the scripts that source this file
 ECHO_AGENT="$BUILD/examples/echo/caracal_echo_agent"
 TRANSPORT=${CARACAL_E2E_TRANSPORT:-shm}
 RDMA_ADDRESS=${CARACAL_E2E_RDMA_ADDRESS:-192.0.2.1}
@@ -160,6 +163,7 @@ services:
   - { name: echo, max_message_bytes: 512, dispatch: round_robin${2:-},
       listeners: [ { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: line }, error_reply: 'ERROR {reason}' } ] }"
   PORT=$(port_of "tcp/127.0.0.1:0")
+  # shellcheck disable=SC2034 # read by the fault scripts, the callers
   SERVICE="  - { name: echo, queues: 2, ring_capacity: 64, slot_bytes: 128, max_message_bytes: 512${RX_LINES:+, rx_lines: $RX_LINES} }"
 }
 
@@ -192,6 +196,7 @@ finish_load() {
   wait "$LOAD_PID" || rc=$?
   cat "$WORK/client.log"
   [ "$rc" -eq 0 ] || fail "the load client saw a wrong or missing reply (exit $rc)"
+  # shellcheck disable=SC2034 # read by the fault scripts, the callers
   LOAD_ERRORS=$(sed -nE 's/.*errors=([0-9]+).*/\1/p' "$WORK/client.log")
 }
 

@@ -52,6 +52,7 @@ cmake -S "$WORK/reverse" -B "$WORK/reverse/build" "${generator[@]}" \
 cmake --build "$WORK/reverse/build" >"$WORK/build.log" 2>&1 ||
   fail "the handler project does not build: $(grep -m3 -B2 -A6 "error" "$WORK/build.log")"
 
+# shellcheck disable=SC2034 # read by start_server (lib.sh)
 SERVER_BIN="$PREFIX/bin/snic_server"
 start_server "io_threads: 1
 control: { listen: 127.0.0.1:0, secret: $SECRET }

@@ -27,6 +27,7 @@ UDP=$(port_of "udp/127.0.0.1:0")
 
 # Every thread of both processes on CPU 0 (threads started later inherit it).
 taskset -a -c -p 0 "$SERVER_PID" >/dev/null || fail "cannot pin snic_server to CPU 0"
+# shellcheck disable=SC2154 # start_agent (lib.sh) sets AGENT_PID_<name> through eval
 taskset -a -c -p 0 "$AGENT_PID_echo_1" >/dev/null || fail "cannot pin the agent to CPU 0"
 
 # .log: printed with the other logs on a failure.

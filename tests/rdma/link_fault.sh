@@ -69,6 +69,7 @@ start_fault_server ", rdma_reconnect_max_ms: 1000, rdma_ack_timeout: 17, rdma_re
 TRANSPORT_YAML="transport: rdma
 rdma: { bind_address: $AGENT_IP }"
 start_agent echo-1 "$ECHO_AGENT" "$SERVICE"
+# shellcheck disable=SC2034 # read by start_agent (lib.sh)
 TRANSPORT_YAML="transport: rdma
 rdma: { bind_address: $RDMA_ADDRESS }"
 start_agent echo-2 "$ECHO_AGENT" "$SERVICE"
@@ -113,6 +114,7 @@ echo "failed reconnects: $(metric caracal_rdma_reconnect_failures_total), reconn
 [ "$(metric caracal_rdma_reconnects_total)" -eq 1 ] || fail "expected 1 reconnect"
 
 # echo-2 leaves; echo-1 alone, over its new queue pair, serves a load with no error.
+# shellcheck disable=SC2154 # start_agent (lib.sh) sets AGENT_PID_<name> through eval
 kill -TERM "$AGENT_PID_echo_2"
 wait_for_line "$WORK/server.log" "agent 'echo-2' detached" 30
 for _ in $(seq $((50 * TIME_SCALE))); do

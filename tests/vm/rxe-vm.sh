@@ -36,7 +36,7 @@
 # glibc dlopen()s libgcc_s.so.1 for thread cancellation, so it is copied in.
 set -euo pipefail
 CACHE=${RXE_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/caracal/rxe-vm}
-TIMEOUT=900 MEM=1024 SMP=2 VERBOSE=0 LINK= LINK_ADDR= CTL=
+TIMEOUT=900 MEM=1024 SMP=2 VERBOSE=0 LINK='' LINK_ADDR='' CTL=''
 FILES=() DIRS=() ENVS=()
 while getopts "f:d:e:t:m:s:l:a:c:vh" o; do
   case $o in
@@ -226,7 +226,7 @@ LOG=$WORK/console.log
 # SSE4.2 and more, which binaries built for this host may use (Debian's DPDK, linked into
 # snic_server where it is found, stops on an illegal instruction there).
 NIC=(-nic none) SERIAL2=()
-[ -n "$LINK" ] && NIC=(-netdev "$LINK,id=link0" -device virtio-net-pci,netdev=link0,mac=52:54:00:c0:00:02)
+[ -n "$LINK" ] && NIC=(-netdev "$LINK,id=link0" -device "virtio-net-pci,netdev=link0,mac=52:54:00:c0:00:02")
 if [ -n "$CTL" ]; then
   for f in "$CTL.in" "$CTL.out"; do [ -p "$f" ] || mkfifo "$f" || die "cannot make FIFO $f"; done
   SERIAL2=(-serial "pipe:$CTL")

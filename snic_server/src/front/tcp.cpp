@@ -732,6 +732,7 @@ class TcpListener final : public Listener {
       connection->start();
       return;
     }
+    // NOLINTNEXTLINE(bugprone-use-after-move): moved only into a connection, which returned.
     socket.close(ec);
     if (refused == Refused::kListener) {
       shared_->connection_stats.refused_max_connections.inc();

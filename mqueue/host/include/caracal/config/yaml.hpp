@@ -24,8 +24,9 @@ class ConfigError : public std::runtime_error {
 // A node of a loaded document together with where it came from.
 class Field {
  public:
-  Field(YAML::Node node, std::string path, std::shared_ptr<const std::string> file)
-      : node_(std::move(node)), path_(std::move(path)), file_(std::move(file)) {}
+  // A YAML::Node is a handle to a shared node (it has no move constructor): copied, not moved.
+  Field(const YAML::Node& node, std::string path, std::shared_ptr<const std::string> file)
+      : node_(node), path_(std::move(path)), file_(std::move(file)) {}
 
   // Throws ConfigError "FILE:LINE:COL: PATH: message".
   [[noreturn]] void fail(const std::string& message) const;

@@ -22,7 +22,7 @@ run_packages=(
 )
 test_packages=(
   # scripts/lint.sh's gates: the sources' format and the shell scripts' findings.
-  git clang-format shellcheck
+  git clang-format clang-tidy shellcheck
   # scripts/package.sh makes the manual pages with help2man and checks the packages with
   # lintian; package-install-check.sh installs them into a fresh root that mmdebstrap makes.
   lintian mmdebstrap help2man

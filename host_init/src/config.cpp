@@ -15,7 +15,7 @@ namespace {
 using config::Field;
 
 std::string name_of(const Field& f, const char* what) {
-  const std::string v = f.as_string();
+  std::string v = f.as_string();
   if (!is_valid_name(v)) {
     f.fail("'" + v + "' is not a valid " + what + " name (1-64 of A-Z a-z 0-9 - _ .)");
   }

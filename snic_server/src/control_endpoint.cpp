@@ -640,7 +640,7 @@ void ControlEndpoint::stop() {
 }
 
 std::shared_ptr<ControlSession> ControlEndpoint::take_name(
-    const std::string& agent, std::shared_ptr<ControlSession> session) {
+    const std::string& agent, const std::shared_ptr<ControlSession>& session) {
   std::lock_guard lock(m_);
   std::weak_ptr<ControlSession>& slot = agents_[agent];
   std::shared_ptr<ControlSession> previous = slot.lock();

@@ -84,7 +84,7 @@ class ControlEndpoint {
   void accept();
   // Registers `session` as the live one for its agent name; the previous one is lost.
   std::shared_ptr<ControlSession> take_name(const std::string& agent,
-                                            std::shared_ptr<ControlSession> session);
+                                            const std::shared_ptr<ControlSession>& session);
   void forget(const std::string& agent, const ControlSession* session);
   void publish_agent_count_locked();  // caller holds m_
   void count(Refusal r) { refusals_[static_cast<size_t>(r)]->inc(); }

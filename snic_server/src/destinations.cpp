@@ -51,8 +51,8 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   }
 
   void send(uint64_t token, std::string bytes) override {
-    asio::post(strand_, [self = shared_from_this(), token, b = std::move(bytes)]() mutable {
-      self->enqueue(token, std::move(b));
+    asio::post(strand_, [self = shared_from_this(), token, b = std::move(bytes)] {
+      self->enqueue(token, b);
     });
   }
 
@@ -70,7 +70,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
     return "destination " + config_.name + " (" + config_.connect.str() + ")";
   }
 
-  void enqueue(uint64_t token, std::string bytes) {
+  void enqueue(uint64_t token, const std::string& bytes) {
     if (closed_) return;
     calls_.inc();
     if (!codec_.can_frame(bytes.size())) {
@@ -94,7 +94,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
     connecting_ = true;
     resolver_.async_resolve(
         config_.connect.host, std::to_string(config_.connect.port),
-        [self = shared_from_this()](error_code ec, tcp::resolver::results_type results) {
+        [self = shared_from_this()](error_code ec, const tcp::resolver::results_type& results) {
           if (self->closed_) return;
           if (ec) {
             self->fail_all("cannot resolve: " + ec.message());

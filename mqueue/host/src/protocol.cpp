@@ -13,7 +13,7 @@ namespace caracal::control {
 namespace {
 
 std::string name_of(const config::Field& f) {
-  const std::string v = f.as_string();
+  std::string v = f.as_string();
   if (!is_valid_name(v)) f.fail("'" + v + "' is not a name (1-64 of A-Z a-z 0-9 - _ .)");
   return v;
 }

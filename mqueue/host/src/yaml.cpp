@@ -66,8 +66,10 @@ void Field::allow_only(std::initializer_list<const char*> keys) const {
       known = known || k == allowed;
     if (!known) {
       std::string list;
-      for (const char* allowed : keys)
-        list += (list.empty() ? "" : ", ") + std::string(allowed);
+      for (const char* allowed : keys) {
+        if (!list.empty()) list += ", ";
+        list += allowed;
+      }
       Field(kv.first, path_, file_).fail("unknown setting '" + k + "' (known here: " + list + ")");
     }
   }

@@ -122,8 +122,6 @@ size_t ask_udp(const std::string& host_port, const std::vector<uint8_t>& request
 
 }  // namespace
 
-// NOLINTNEXTLINE(bugprone-exception-escape): outside the try below only the options are
-// declared, which throws only on a mistake in this file (CLI11 refuses a duplicate option).
 int main(int argc, char** argv) {
   CLI::App app{"Sends one face verification request and prints the reply, decoded",
                "caracal_face_client"};

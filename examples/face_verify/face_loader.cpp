@@ -104,8 +104,6 @@ class Memcached {
 
 }  // namespace
 
-// NOLINTNEXTLINE(bugprone-exception-escape): outside the try below only the options are
-// declared, which throws only on a mistake in this file (CLI11 refuses a duplicate option).
 int main(int argc, char** argv) {
   CLI::App app{
       "Enrolls the synthetic face set in memcached: the references the face handler fetches",

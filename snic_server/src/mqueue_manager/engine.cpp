@@ -74,7 +74,7 @@ std::vector<std::vector<uint32_t>> Engine::queues_by_thread(const AgentRegion& r
   return parts;
 }
 
-void Engine::attach(std::shared_ptr<AgentRegion> region) {
+void Engine::attach(const std::shared_ptr<AgentRegion>& region) {
   std::vector<std::vector<uint32_t>> parts = queues_by_thread(*region);
   for (size_t i = 0; i < threads_.size(); ++i) {
     if (parts[i].empty()) continue;
@@ -83,7 +83,7 @@ void Engine::attach(std::shared_ptr<AgentRegion> region) {
   }
 }
 
-void Engine::detach(std::shared_ptr<AgentRegion> region, std::chrono::milliseconds drain,
+void Engine::detach(const std::shared_ptr<AgentRegion>& region, std::chrono::milliseconds drain,
                     std::function<void()> done) {
   const std::vector<std::vector<uint32_t>> parts = queues_by_thread(*region);
   const auto holders = static_cast<uint32_t>(
@@ -112,7 +112,7 @@ void Engine::detach(std::shared_ptr<AgentRegion> region, std::chrono::millisecon
   }
 }
 
-void Engine::fail(std::shared_ptr<AgentRegion> region, std::string reason) {
+void Engine::fail(const std::shared_ptr<AgentRegion>& region, const std::string& reason) {
   fail_elsewhere(region, reason, kNoThread);
 }
 

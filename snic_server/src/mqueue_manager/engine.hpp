@@ -115,13 +115,13 @@ class Engine {
   // added to dispatch and attached; a region never placed starts at thread 0.
   void place(AgentRegion& region);
   // The engine owns the region from now on (any thread).
-  void attach(std::shared_ptr<AgentRegion> region);
+  void attach(const std::shared_ptr<AgentRegion>& region);
   // Closes the region's inboxes; once every request in flight is answered, or after `drain`,
   // fails what is left with "agent detached" and calls `done` (once, on an engine thread).
-  void detach(std::shared_ptr<AgentRegion> region, std::chrono::milliseconds drain,
+  void detach(const std::shared_ptr<AgentRegion>& region, std::chrono::milliseconds drain,
               std::function<void()> done);
   // The agent is gone: fails everything in flight with `reason` and drops the region.
-  void fail(std::shared_ptr<AgentRegion> region, std::string reason);
+  void fail(const std::shared_ptr<AgentRegion>& region, const std::string& reason);
 
   // Called after a request was submitted to `queue`'s inbox: counts it in flight on the thread
   // that serves the queue and wakes that thread if it sleeps.

@@ -223,20 +223,16 @@ PY
 # rps_mask LIST: the CPUs of a taskset list as the hex mask that sysfs's rps_cpus takes (32-bit
 # groups, most significant first, comma-separated).
 rps_mask() {
-  python3 -c '
-import sys
-mask = 0
-for part in sys.argv[1].split(","):
-    lo, _, hi = part.partition("-")
-    for c in range(int(lo), int(hi or lo) + 1):
-        mask |= 1 << c
-words = []
-while True:
-    words.append(f"{mask & 0xffffffff:08x}")
-    mask >>= 32
-    if not mask:
-        break
-print(",".join(reversed(words)))' "$1"
+  local part c i words=1 out=''
+  local -a word=()
+  for part in ${1//,/ }; do
+    for ((c = ${part%-*}; c <= ${part#*-}; c++)); do
+      word[c / 32]=$((${word[c / 32]:-0} | 1 << (c % 32)))
+      [ $((c / 32)) -lt "$words" ] || words=$((c / 32 + 1))
+    done
+  done
+  for ((i = words - 1; i >= 0; i--)); do out=$out${out:+,}$(printf '%08x' "${word[i]:-0}"); done
+  echo "$out"
 }
 
 # client_netns_up NAME SERVER_CPUS CLIENT_CPUS [STEERING]: a network namespace NAME for the

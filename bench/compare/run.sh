@@ -586,55 +586,12 @@ cstart() { HC_GPUS=0 start "$1" "$RAW/$1-$HANDLER"; }
 # rate SATURATION FRACTION: that fraction of a saturation throughput, in requests per second.
 rate() { awk -v s="$1" -v f="$2" 'BEGIN { printf "%d", s * f }'; }
 
-# What the run was, for the reports (run.json); each report reads its own keys.
+# What the run was, for the reports (run.json); each report reads its own keys, in this order.
 facts() {
   local commit=${CARACAL_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)}
-  local cpu_only gpu cpu_model
-  cpu_only=$([ "$CPU_ONLY" = 1 ] && echo true || echo false)
-  cpu_model=$(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)
-  case "$REPORT" in
-    compare)
-      gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
-      cat <<JSON
-{
-  "date_utc": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
-  "commit": "$commit",
-  "cpu_only": $cpu_only,
-  "gpu": "$gpu",
-  "cpu_model": "$cpu_model",
-  "online_cpus": $(nproc --all),
-  "kernel": "$(uname -sr)",
-  "hostname": "$(hostname)",
-  "servers": "$SERVERS",
-  "low_load_servers": "$LOW_LOAD_SERVERS",
-  "caracal_accelerator": "$CARACAL_ACCEL",
-  "params": {"duration_s": $DURATION, "warmup_s": $WARMUP, "server_threads": $THREADS, "engine_threads": "${ENGINE_THREADS:-default}", "engine_threads_alt": "$ENGINE_THREADS_ALT", "rx_lines": "${RX_LINES:-default}", "tx_lines": "${TX_LINES:-default}", "loadgen_threads": $LOADGEN_THREADS, "sat_connections": $SAT_CONNECTIONS, "sat_window": $SAT_WINDOW, "batch": $BATCH, "batch_timeout_us": $BATCH_TIMEOUT_US, "agent_queues": $AGENT_QUEUES, "agents": $AGENTS, "gpu_workers": $GPU_WORKERS, "gpu_options": "$GPU_OPTIONS", "cpu_workers": $CPU_WORKERS, "sizes": "$SIZES", "handlers": "$HANDLERS", "face_persons": $FACE_PERSONS, "memcached_threads": $MEMCACHED_THREADS, "low_load_rounds": $LOW_LOAD_ROUNDS, "open_sizes": "$OPEN_SIZES", "open_fractions": "$OPEN_FRACTIONS", "open_rates": "$OPEN_RATES", "loadgen_args": "$LOADGEN_ARGS", "hold_to": "$HOLD_TO", "hold_threads": "${HOLD_THREADS:-quota}", "hold_period_us": $HOLD_PERIOD_US, "server_cpus": "$SERVER_CPUS", "client_cpus": "$CLIENT_CPUS", "spread": "${SPREAD:-default}", "dispatch": "$DISPATCH", "client_netns": "$CLIENT_NETNS"},
-  "failed_points": $FAILED
-}
-JSON
-      ;;
-    gpus)
-      gpu=$( (nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true) |
-        python3 -c 'import json, sys; print(json.dumps([l.strip() for l in sys.stdin if l.strip()]))')
-      cat <<JSON
-{
-  "date_utc": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
-  "commit": "$commit",
-  "cpu_only": $cpu_only,
-  "gpus": $gpu,
-  "accelerators": $GPUS,
-  "cpu_model": "$cpu_model",
-  "online_cpus": $(nproc --all),
-  "kernel": "$(uname -sr)",
-  "hostname": "$(hostname)",
-  "servers": "$SERVERS",
-  "params": {"handler": "$HANDLER", "face_persons": $FACE_PERSONS, "memcached_threads": $MEMCACHED_THREADS, "counts": "$COUNTS", "rounds": ${MATVEC_ROUNDS:-1}, "size": $SIZE, "protos": "$PROTOS", "threads": $THREADS, "engine_threads": "${ENGINE_THREADS:-default}", "agent_queues": $AGENT_QUEUES, "gpu_burst": ${GPU_BURST:-1}, "gpu_options": "$GPU_OPTIONS", "spread": "${SPREAD:-default}", "batch": $BATCH, "batch_timeout_us": $BATCH_TIMEOUT_US, "dispatch": "$DISPATCH", "sat_connections": $SAT_CONNECTIONS, "sat_window": $SAT_WINDOW, "loadgen_threads": $LOADGEN_THREADS, "duration_s": $DURATION, "warmup_s": $WARMUP, "open_fractions": "$OPEN_FRACTIONS", "slow_delay_us": $SLOW_DELAY_US, "loss_agents": $LOSS_AGENTS, "loss_duration_s": $LOSS_DURATION, "loss_kill_at_s": $LOSS_KILL_AT, "sample_ms": $SAMPLE_MS, "experiments": "$EXPERIMENTS", "server_cpus": "$SERVER_CPUS", "client_cpus": "$CLIENT_CPUS", "memcached_cpus": "$MEMCACHED_CPUS"},
-  "failed_points": $FAILED
-}
-JSON
-      ;;
-    instances)
-      cat <<JSON
+  local gpu more='' params
+  if [ "$REPORT" = instances ]; then
+    cat <<JSON
 {"commit": "${CARACAL_COMMIT:-$(git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)}", "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "accelerator": "$([ "$GPUS" -ge 1 ] && echo gpu || echo cpu)",
  "gpus": $GPUS, "gpu": "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)",
  "cpu": "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -1)", "cpus": $(nproc),
@@ -644,8 +601,24 @@ JSON
   "sat_window": $SAT_WINDOW, "threads_per_agent": $THREADS_PER_AGENT, "agent_queues": $AGENT_QUEUES,
   "dispatch": "$DISPATCH", "pin": $PINNED}}
 JSON
-      ;;
-  esac
+    return
+  fi
+  if [ "$REPORT" = compare ]; then
+    gpu="\"gpu\": \"$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)\""
+    more=", \"low_load_servers\": \"$LOW_LOAD_SERVERS\", \"caracal_accelerator\": \"$CARACAL_ACCEL\""
+    params="\"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"server_threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"engine_threads_alt\": \"$ENGINE_THREADS_ALT\", \"rx_lines\": \"${RX_LINES:-default}\", \"tx_lines\": \"${TX_LINES:-default}\", \"loadgen_threads\": $LOADGEN_THREADS, \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"agent_queues\": $AGENT_QUEUES, \"agents\": $AGENTS, \"gpu_workers\": $GPU_WORKERS, \"gpu_options\": \"$GPU_OPTIONS\", \"cpu_workers\": $CPU_WORKERS, \"sizes\": \"$SIZES\", \"handlers\": \"$HANDLERS\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"low_load_rounds\": $LOW_LOAD_ROUNDS, \"open_sizes\": \"$OPEN_SIZES\", \"open_fractions\": \"$OPEN_FRACTIONS\", \"open_rates\": \"$OPEN_RATES\", \"loadgen_args\": \"$LOADGEN_ARGS\", \"hold_to\": \"$HOLD_TO\", \"hold_threads\": \"${HOLD_THREADS:-quota}\", \"hold_period_us\": $HOLD_PERIOD_US, \"server_cpus\": \"$SERVER_CPUS\", \"client_cpus\": \"$CLIENT_CPUS\", \"spread\": \"${SPREAD:-default}\", \"dispatch\": \"$DISPATCH\", \"client_netns\": \"$CLIENT_NETNS\""
+  else
+    gpu="\"gpus\": $( (nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true) |
+      python3 -c 'import json, sys; print(json.dumps([l.strip() for l in sys.stdin if l.strip()]))'), \"accelerators\": $GPUS"
+    params="\"handler\": \"$HANDLER\", \"face_persons\": $FACE_PERSONS, \"memcached_threads\": $MEMCACHED_THREADS, \"counts\": \"$COUNTS\", \"rounds\": ${MATVEC_ROUNDS:-1}, \"size\": $SIZE, \"protos\": \"$PROTOS\", \"threads\": $THREADS, \"engine_threads\": \"${ENGINE_THREADS:-default}\", \"agent_queues\": $AGENT_QUEUES, \"gpu_burst\": ${GPU_BURST:-1}, \"gpu_options\": \"$GPU_OPTIONS\", \"spread\": \"${SPREAD:-default}\", \"batch\": $BATCH, \"batch_timeout_us\": $BATCH_TIMEOUT_US, \"dispatch\": \"$DISPATCH\", \"sat_connections\": $SAT_CONNECTIONS, \"sat_window\": $SAT_WINDOW, \"loadgen_threads\": $LOADGEN_THREADS, \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"open_fractions\": \"$OPEN_FRACTIONS\", \"slow_delay_us\": $SLOW_DELAY_US, \"loss_agents\": $LOSS_AGENTS, \"loss_duration_s\": $LOSS_DURATION, \"loss_kill_at_s\": $LOSS_KILL_AT, \"sample_ms\": $SAMPLE_MS, \"experiments\": \"$EXPERIMENTS\", \"server_cpus\": \"$SERVER_CPUS\", \"client_cpus\": \"$CLIENT_CPUS\", \"memcached_cpus\": \"$MEMCACHED_CPUS\""
+  fi
+  cat <<JSON
+{"date_utc": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "commit": "$commit", "cpu_only": $([ "$CPU_ONLY" = 1 ] && echo true || echo false), $gpu,
+ "cpu_model": "$(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)", "online_cpus": $(nproc --all),
+ "kernel": "$(uname -sr)", "hostname": "$(hostname)", "servers": "$SERVERS"$more,
+ "params": {$params},
+ "failed_points": $FAILED}
+JSON
 }
 
 # Held points: checked before anything runs, so that a run that cannot make them stops at once.

@@ -59,7 +59,8 @@
 # archive` .tar to build one from. SWEEP=KEY runs it once per value of KEY, a fresh run each,
 # the versions' order turned every other value; THREADS runs go to NAME/tVALUE, then
 # threads_report.py writes threads.json, threads.md and plots. caracal_loadgen checks every
-# reply; loadgen JSON, configs, logs, points.jsonl and run.json go to RESULTS_DIR/raw/.
+# reply; loadgen JSON, configs, logs, points.jsonl and run.json go to RESULTS_DIR/raw/, and
+# lscpu.txt, gpu.txt and commit.txt (the tree's) to RESULTS_DIR.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
@@ -102,6 +103,14 @@ load "$SCENARIO"
 load defaults
 mkdir -p "$RESULTS" && RESULTS=$(realpath "$RESULTS")
 FAILED=0
+# The machine and the tree, for the record, once per call (not again in each version's run).
+if [ -z "${RUN_SH_RESULTS:-}" ]; then
+  export RUN_SH_RESULTS=$RESULTS
+  lscpu >"$RESULTS/lscpu.txt" 2>&1
+  ! command -v nvidia-smi >/dev/null ||
+    nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv,noheader >"$RESULTS/gpu.txt" 2>&1
+  git -C "$SRC" rev-parse HEAD >"$RESULTS/commit.txt" 2>/dev/null
+fi
 [ "$CARACAL_ACCEL" = auto ] && CARACAL_ACCEL=$([ "$CPU_ONLY" = 1 ] && echo cpu || echo gpu:0)
 [ "$SNIC" = auto ] && SNIC=$BUILD/snic_server/snic_server
 

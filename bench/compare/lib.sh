@@ -1,18 +1,37 @@
 # shellcheck shell=bash
-# Shared by bench/compare's scripts (sourced).
+# The mechanisms of bench/compare/run.sh (sourced): builds, waits, CPU accounting, cgroups,
+# network namespaces, memcached.
 
 # release_build SRC BUILD LOG JOBS [-DOPTION...] -- TARGET...: a Release build of the tree SRC
-# in BUILD (Ninja, no tests), its output in LOG; on failure, LOG's tail on stderr and 1.
+# in BUILD (Ninja, no tests, nvcc from /usr/local/cuda where there), its output in LOG; on
+# failure, LOG's tail on stderr and 1.
 release_build() {
   local src=$1 build=$2 log=$3 jobs=$4 options=()
   shift 4
   while [ $# -gt 0 ] && [ "$1" != -- ]; do options+=("$1"); shift; done
   shift
-  { cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
-      "${options[@]}" && ninja -C "$build" -j "$jobs" "$@"; } >"$log" 2>&1 && return 0
+  { PATH=/usr/local/cuda/bin:$PATH cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCARACAL_BUILD_TESTS=OFF "${options[@]}" && ninja -C "$build" -j "$jobs" "$@"; } >"$log" 2>&1 &&
+    return 0
   echo "$(basename "$0"): the build in $build failed ($log):" >&2
   tail -30 "$log" >&2
   return 1
+}
+
+# snic_build SOURCE DIR LOG JOBS [-DOPTION...]: snic_server alone built from SOURCE, a tree or a
+# `git archive` .tar (unpacked into DIR/src, again only when the archive changed), in DIR/build.
+snic_build() {
+  local src=$1 dir=$2 log=$3 jobs=$4 sum
+  shift 4
+  if [ -f "$src" ]; then
+    sum=$(sha256sum "$src" | cut -c1-16)
+    if [ "$(cat "$dir/archive.sha256" 2>/dev/null)" != "$sum" ]; then
+      rm -rf "$dir" && mkdir -p "$dir/src" && tar -xf "$src" -C "$dir/src" &&
+        echo "$sum" >"$dir/archive.sha256" || return 1
+    fi
+    src=$dir/src
+  fi
+  release_build "$src" "$dir/build" "$log" "$jobs" -DCARACAL_BUILD_BENCH=OFF "$@" -- snic_server
 }
 
 # wait_for_line FILE REGEX SECONDS: 0 once FILE has a line matching REGEX; otherwise, after
@@ -40,7 +59,7 @@ wait_attached() {
   return 1
 }
 
-# A CPU quota for a group of processes (run.sh's held points), through a cgroup of its own
+# A CPU quota for a group of processes (the held points), through a cgroup of its own
 # under the CPU controller: cgroup v2 (the unified hierarchy) or v1.
 #
 # hold_create NAME: makes the group; sets HOLD_CG (its directory) and HOLD_V (2 or 1), or says
@@ -142,6 +161,50 @@ cpus_ticks() {
     END { print s + 0 }' /proc/stat
 }
 
+# thread_ticks PID...: CPU ticks of the processes' threads so far, summed per thread name
+# (caracal-io, caracal-engine, ...): "name<TAB>ticks" lines.
+thread_ticks() {
+  local pid t stat name
+  for pid in "$@"; do
+    for t in /proc/"$pid"/task/*; do
+      stat=$(cat "$t/stat" 2>/dev/null) || continue
+      name=${stat#*(}
+      name=${name%)*}
+      # shellcheck disable=SC2086 # the fields after the name, split on purpose
+      set -- ${stat##*) }
+      printf '%s\t%s\n' "$name" "$((${12} + ${13}))"
+    done
+  done | awk -F'\t' '{ a[$1] += $2 } END { for (k in a) printf "%s\t%d\n", k, a[k] }'
+}
+
+# threads_json BEFORE AFTER SECONDS: {"name": cores, ...} from two thread_ticks outputs.
+threads_json() {
+  awk -F'\t' -v hz="$(getconf CLK_TCK)" -v secs="$3" '
+    NR == FNR { before[$1] = $2; next }
+    { c = ($2 - before[$1]) / hz / secs; if (c < 0.005) next
+      gsub(/["\\]/, "_", $1); s = s (s == "" ? "" : ",") sprintf("\"%s\":%.3f", $1, c) }
+    END { printf "{%s}", s }' <(printf '%s\n' "$1") <(printf '%s\n' "$2")
+}
+
+# cores_over TICKS FROM TO: TICKS of CPU time over the wall time FROM to TO (date +%s.%N), in
+# cores.
+cores_over() {
+  awk -v t="$1" -v hz="$(getconf CLK_TCK)" -v a="$2" -v b="$3" 'BEGIN { printf "%.3f", (t / hz) / (b - a) }'
+}
+
+# saturation_rps JSON: the throughput in a loadgen JSON file; nothing when there is none.
+saturation_rps() {
+  sed -nE 's/^ *"throughput_rps": ([0-9.]+).*/\1/p' "$1" 2>/dev/null | head -1
+}
+
+# perf_command CTL_FD ACK_FD COMMAND: sends a command to `perf record --control` and waits up
+# to 30 s for its ack.
+perf_command() {
+  local reply=
+  echo "$3" >&"$1"
+  read -r -t 30 reply <&"$2" && [ "$reply" = ack ]
+}
+
 # physical_cores: a line per physical core (package, core id), its CPUs comma-separated, in the
 # order of their lowest CPU.
 physical_cores() {
@@ -160,20 +223,16 @@ PY
 # rps_mask LIST: the CPUs of a taskset list as the hex mask that sysfs's rps_cpus takes (32-bit
 # groups, most significant first, comma-separated).
 rps_mask() {
-  python3 -c '
-import sys
-mask = 0
-for part in sys.argv[1].split(","):
-    lo, _, hi = part.partition("-")
-    for c in range(int(lo), int(hi or lo) + 1):
-        mask |= 1 << c
-words = []
-while True:
-    words.append(f"{mask & 0xffffffff:08x}")
-    mask >>= 32
-    if not mask:
-        break
-print(",".join(reversed(words)))' "$1"
+  local part c i words=1 out=''
+  local -a word=()
+  for part in ${1//,/ }; do
+    for ((c = ${part%-*}; c <= ${part#*-}; c++)); do
+      word[c / 32]=$((${word[c / 32]:-0} | 1 << (c % 32)))
+      [ $((c / 32)) -lt "$words" ] || words=$((c / 32 + 1))
+    done
+  done
+  for ((i = words - 1; i >= 0; i--)); do out=$out${out:+,}$(printf '%08x' "${word[i]:-0}"); done
+  echo "$out"
 }
 
 # client_netns_up NAME SERVER_CPUS CLIENT_CPUS [STEERING]: a network namespace NAME for the

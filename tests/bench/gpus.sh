@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/compare/gpus.sh end to end, small, on two CPU agents (--cpu-only): throughput against 1
-# and 2 agents, two agents of unequal speed (the second sleeps 2 ms per request) under
+# bench/compare/run.sh gpus-cpu end to end: the gpus run small, on two CPU agents: throughput
+# against 1 and 2 agents, two agents of unequal speed (the second sleeps 2 ms per request) under
 # round_robin and least_loaded, and the second agent killed (SIGKILL) under TCP load. Then the
 # report must hold every point with right replies, and it checks what the design promises,
 # which holds on any machine: round_robin gives each agent half of the requests whatever their
@@ -14,10 +14,10 @@ command -v python3 >/dev/null || { echo "python3 is missing (scripts/deps.sh tes
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-if ! CARACAL_COMMIT=ci-smoke "$SRC/bench/compare/gpus.sh" "$BUILD" "$WORK/out" --cpu-only \
+if ! CARACAL_COMMIT=ci-smoke "$SRC/bench/compare/run.sh" gpus-cpu "$BUILD" "$WORK/out" \
   >"$WORK/run.log" 2>&1; then
   cat "$WORK/run.log"
-  echo "FAIL: gpus.sh exited non-zero"
+  echo "FAIL: run.sh gpus-cpu exited non-zero"
   exit 1
 fi
 cat "$WORK/run.log"
@@ -112,4 +112,4 @@ for want in "## Throughput against CPU agents" "## Latency against load" \
   "## Two agents of unequal speed" "## An agent lost under load" "(kill)"; do
   grep -qF "$want" "$md" || { echo "FAIL: gpus.md lacks '$want'"; exit 1; }
 done
-echo "gpus.sh: scaling, unequal agents and a lost agent, with the report"
+echo "run.sh gpus-cpu: scaling, unequal agents and a lost agent, with the report"

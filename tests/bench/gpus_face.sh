@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/compare/gpus.sh with the face verification handler, small, on two CPU agents
-# (--cpu-only): a memcached of the run's own, throughput against 1 and 2 agents whose client
+# bench/compare/run.sh gpus-cpu with the face verification handler (HANDLERS=face), small, on
+# two CPU agents: a memcached of the run's own, throughput against 1 and 2 agents whose client
 # queues fetch the references from it, and the second agent killed (SIGKILL) under TCP load.
 # Every verdict is checked against the CPU reference by loadgen; each agent must have answered
 # its share and called memcached through client queues of its own. The processes are kept to
@@ -15,12 +15,12 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
 last=$(($(nproc) - 1))
-if ! HANDLER=face FACE_PERSONS=200 MEMCACHED_THREADS=1 EXPERIMENTS="scaling loss" \
+if ! HANDLERS=face FACE_PERSONS=200 MEMCACHED_THREADS=1 EXPERIMENTS="scaling loss" \
   SERVER_CPUS="0-$last" CLIENT_CPUS="0-$last" MEMCACHED_CPUS="$last" \
-  CARACAL_COMMIT=ci-smoke "$SRC/bench/compare/gpus.sh" "$BUILD" "$WORK/out" --cpu-only \
+  CARACAL_COMMIT=ci-smoke "$SRC/bench/compare/run.sh" gpus-cpu "$BUILD" "$WORK/out" \
   >"$WORK/run.log" 2>&1; then
   cat "$WORK/run.log"
-  echo "FAIL: gpus.sh exited non-zero"
+  echo "FAIL: run.sh gpus-cpu exited non-zero"
   exit 1
 fi
 cat "$WORK/run.log"
@@ -91,4 +91,4 @@ grep -q "^| caracal | udp | 2 | .* | .* | .* | .* | .* | .* |$" "$WORK/out/gpus.
   { echo "FAIL: gpus.md has no row of the machine's CPUs with memcached's"; exit 1; }
 grep -qE "^\| caracal \| udp \| 2 \| [0-9]+ \| [0-9]+ \|$" "$WORK/out/gpus.md" ||
   { echo "FAIL: gpus.md has no row of snic_server's request and destination call means"; exit 1; }
-echo "gpus.sh HANDLER=face: scaling and a lost agent, every verdict right"
+echo "run.sh gpus-cpu HANDLERS=face: scaling and a lost agent, every verdict right"

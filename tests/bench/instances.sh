@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/compare/instances.sh briefly, on the CPU accelerator and unpinned (PIN=0, any machine):
+# bench/compare/run.sh instances-cpu, unpinned (PIN=0, any machine):
 # one server of one I/O thread, then two at once, each in a network namespace of its own where
 # the machine allows it. Every server of every layout must have answered every request right,
 # the namespaces must be gone afterwards, and the report must set the two-server layout beside
@@ -20,9 +20,9 @@ else
   echo "note: no network namespaces here (not root or no iproute2); 2x1 runs without them"
 fi
 if ! PIN=0 LAYOUTS="$layouts" CARACAL_COMMIT=ci-smoke \
-  "$SRC/bench/compare/instances.sh" "$BUILD" "$WORK/out" --cpu-only >"$WORK/run.log" 2>&1; then
+  "$SRC/bench/compare/run.sh" instances-cpu "$BUILD" "$WORK/out" >"$WORK/run.log" 2>&1; then
   cat "$WORK/run.log"
-  echo "FAIL: instances.sh exited non-zero"
+  echo "FAIL: run.sh instances-cpu exited non-zero"
   exit 1
 fi
 cat "$WORK/run.log"
@@ -55,10 +55,10 @@ text = open(f"{out}/instances.md").read()
 assert f"| tcp | {layouts[1]} |" in text and "per CPU against 1xT" in text, "instances.md lacks the rows"
 print("PASS: report")
 PY
-if PIN=0 LAYOUTS="1x1+spin1" "$SRC/bench/compare/instances.sh" "$BUILD" "$WORK/hog" --cpu-only \
+if PIN=0 LAYOUTS="1x1+spin1" "$SRC/bench/compare/run.sh" instances-cpu "$BUILD" "$WORK/hog" \
   >"$WORK/hog.log" 2>&1; then
   echo "FAIL: a hog layout ran unpinned"
   exit 1
 fi
-grep -q "need PIN=1" "$WORK/hog.log" || { cat "$WORK/hog.log"; echo "FAIL: no reason given"; exit 1; }
+grep -q "need PIN=server:threads" "$WORK/hog.log" || { cat "$WORK/hog.log"; echo "FAIL: no reason given"; exit 1; }
 echo "PASS"

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# bench/compare/instances.sh's pinned path, briefly, on the CPU accelerator: one server of one
-# I/O thread on a core of its own, alone and beside a core spinning in registers (+spin1), the
-# probe on the last core. Needs 4 physical cores (the server, its client, the hog and the
-# probe), else skipped. Every point must have answered every request right, say how busy the
-# server's core was and carry the probe's rates; the hog must be gone afterwards. Measures
-# nothing.
+# bench/compare/run.sh instances-cpu's pinned path (PIN=server:threads), briefly: one server of
+# one I/O thread on a core of its own, alone and beside a core spinning in registers (+spin1), the
+# probe on the last core. Needs 4 physical cores (the server, its client, the hog and the probe),
+# else skipped. Every point must have answered every request right, say how busy the server's core
+# was and carry the probe's rates; the hog must be gone afterwards. Measures nothing.
 set -euo pipefail
 BUILD=$(realpath "${1:?build directory}")
 SRC=$(realpath "${2:?source directory}")
@@ -15,9 +14,9 @@ cores=$(python3 -c 'import glob; print(len({(open(d + "/physical_package_id").re
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 if ! LAYOUTS="1x1 1x1+spin1" CARACAL_COMMIT=ci-smoke \
-  "$SRC/bench/compare/instances.sh" "$BUILD" "$WORK/out" --cpu-only >"$WORK/run.log" 2>&1; then
+  "$SRC/bench/compare/run.sh" instances-cpu "$BUILD" "$WORK/out" >"$WORK/run.log" 2>&1; then
   cat "$WORK/run.log"
-  echo "FAIL: instances.sh exited non-zero"
+  echo "FAIL: run.sh instances-cpu exited non-zero"
   exit 1
 fi
 cat "$WORK/run.log"

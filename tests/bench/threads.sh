@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# bench/compare/threads.sh, briefly, on the CPU accelerator: one snic_server as two versions
-# (UDP spread flows and datagrams, SPREAD_NAME), 1 and 2 I/O threads, two agents (AGENTS), an
-# open-loop point at a fixed rate (OPEN_RATES). The report must hold every point with busy
-# cores from caracal_engine_idle_seconds_total, and every reply must be right. Measures nothing.
+# bench/compare/run.sh threads, briefly, on the CPU accelerator: one snic_server as two versions
+# (UDP spread flows and datagrams, SPREAD_NAME), 1 and 2 I/O threads (THREADS), two agents
+# (AGENTS), an open-loop point at a fixed rate (OPEN_RATES). The report must hold every point with
+# busy cores from caracal_engine_idle_seconds_total, and every reply must be right. Measures
+# nothing.
 set -euo pipefail
 BUILD=$(realpath "${1:?build directory}")
 SRC=$(realpath "${2:?source directory}")
@@ -10,13 +11,13 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 command -v curl >/dev/null || { echo "SKIP: no curl (the busy cores come from /metrics)"; exit 77; }
 rc=0
-CARACAL_ACCEL=cpu AGENTS=2 AGENT_QUEUES=2 IO_THREADS="1 2" SAT_CONNECTIONS=2 SAT_WINDOW=4 \
+CARACAL_ACCEL=cpu AGENTS=2 AGENT_QUEUES=2 THREADS="1 2" SAT_CONNECTIONS=2 SAT_WINDOW=4 \
   LOADGEN_THREADS=2 DURATION=0.3 WARMUP=0.1 OPEN_RATES=2000 \
   SPREAD_flows=flows SPREAD_datagrams=datagrams \
-  "$SRC/bench/compare/threads.sh" "$BUILD" "$WORK/out" \
+  "$SRC/bench/compare/run.sh" threads "$BUILD" "$WORK/out" \
   flows="$BUILD/snic_server/snic_server" datagrams="$BUILD/snic_server/snic_server" \
   >"$WORK/run.log" 2>&1 || rc=$?
-[ "$rc" -eq 0 ] || { cat "$WORK/run.log"; echo "FAIL: threads.sh exited $rc"; exit 1; }
+[ "$rc" -eq 0 ] || { cat "$WORK/run.log"; echo "FAIL: run.sh threads exited $rc"; exit 1; }
 python3 - "$WORK/out" <<'PY'
 import json, sys
 out = sys.argv[1]

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# bench/compare/threads.sh with the client in a network namespace of its own (CLIENT_NETNS_NAME),
-# briefly, on the CPU accelerator: one snic_server as two versions, over loopback and over a
-# veth pair with each side's packets steered (RFS) to its own CPUs, a server of as many cores as
-# threads (PIN=server:threads), the load per thread held (SAT_PER_THREAD) and the veth version
-# under another dispatch policy (DISPATCH_NAME). Every reply must be right, the veth version's
-# server must have listened on the veth address, every point must say how busy the server's
-# CPUs were, and the namespace must be gone afterwards. Measures nothing.
+# bench/compare/run.sh threads with the client in a network namespace of its own
+# (CLIENT_NETNS_NAME), briefly, on the CPU accelerator: one snic_server as two versions, over
+# loopback and over a veth pair with each side's packets steered (RFS) to its own CPUs, a server
+# of as many cores as threads (PIN=server:threads), the load per thread held (SAT_PER_THREAD) and
+# the veth version under another dispatch policy (DISPATCH_NAME). Every reply must be right, the
+# veth version's server must have listened on the veth address, every point must say how busy the
+# server's CPUs were, and the namespace must be gone afterwards. Measures nothing.
 set -euo pipefail
 BUILD=$(realpath "${1:?build directory}")
 SRC=$(realpath "${2:?source directory}")
@@ -21,13 +21,13 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 flow_entries=$(cat /proc/sys/net/core/rps_sock_flow_entries)
 rc=0
-CARACAL_ACCEL=cpu AGENT_QUEUES=2 IO_THREADS="1" SAT_WINDOW=4 \
+CARACAL_ACCEL=cpu AGENT_QUEUES=2 THREADS="1" SAT_WINDOW=4 \
   DURATION=0.3 WARMUP=0.1 PIN=server:threads SAT_PER_THREAD=2 CLIENT_NETNS_veth=rfs \
   DISPATCH_veth=flow_affinity \
-  "$SRC/bench/compare/threads.sh" "$BUILD" "$WORK/out" \
+  "$SRC/bench/compare/run.sh" threads "$BUILD" "$WORK/out" \
   loopback="$BUILD/snic_server/snic_server" veth="$BUILD/snic_server/snic_server" \
   >"$WORK/run.log" 2>&1 || rc=$?
-[ "$rc" -eq 0 ] || { cat "$WORK/run.log"; echo "FAIL: threads.sh exited $rc"; exit 1; }
+[ "$rc" -eq 0 ] || { cat "$WORK/run.log"; echo "FAIL: run.sh threads exited $rc"; exit 1; }
 [ "$(cat /proc/sys/net/core/rps_sock_flow_entries)" = "$flow_entries" ] ||
   { echo "FAIL: net.core.rps_sock_flow_entries was not put back to $flow_entries"; exit 1; }
 if ip netns list | grep -q '^cb[0-9]'; then

@@ -22,28 +22,17 @@ the run, with the requests lost placed in time (by when they were sent) against 
 from a timeout before the stop (what was still in flight then) to the next incarnation serving.
 """
 import argparse
-import json
+import os
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import caracal_bench as cb  # noqa: E402
+
 # UDP drops after which no reply is sent (no_agent and oversize send an error reply).
 UDP_NO_REPLY = ("reply_slots", "queue_full", "send_buffer_full", "send_failed")
-
-
-def parse_samples(lines):
-    """[(name, {label: value}, value)] of Prometheus text samples."""
-    out = []
-    for line in lines:
-        m = SAMPLE.match(line.strip())
-        if not m or line.startswith("#"):
-            continue
-        labels = dict(LABEL.findall(m.group(2) or ""))
-        out.append((m.group(1), labels, float(m.group(3))))
-    return out
 
 
 class Counters:
@@ -100,9 +89,8 @@ def main():
     args = ap.parse_args()
     out = Path(args.out)
 
-    events = [json.loads(l) for l in (out / "events.jsonl").read_text().splitlines() if l]
-    udp = json.loads((out / "client-udp.json").read_text())
-    tcp = json.loads((out / "client-tcp.json").read_text())
+    events = cb.read_jsonl(out / "events.jsonl")
+    udp, tcp = (cb.read_json(out / f"client-{p}.json") for p in ("udp", "tcp"))
 
     # ---- the server's incarnations ----
     inc = {}
@@ -124,10 +112,10 @@ def main():
         log = (out / f"server-{k}.log").read_text(errors="replace").splitlines()
         finals = [l.split("final counter ", 1)[1] for l in log if "final counter " in l]
         prom = out / f"server-{k}.prom"
-        scraped = Counters(parse_samples(prom.read_text().splitlines())) if prom.exists() else None
+        scraped = Counters(cb.metric_samples(prom.read_text().splitlines())) if prom.exists() else None
         i["scraped"] = scraped
         i["exact"] = i["how"] != "kill"
-        i["counters"] = Counters(parse_samples(finals)) if i["exact"] else scraped
+        i["counters"] = Counters(cb.metric_samples(finals)) if i["exact"] else scraped
         if i["counters"] is None:
             i["counters"] = Counters([])
     order = sorted(inc)
@@ -354,26 +342,20 @@ def main():
                                         **inc[k]["counters"].as_dict()} for k in order]},
         "checks": checks,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    cb.write_json(out / "summary.json", summary, newline=True)
 
     # ---- the report ----
-    md = []
-    md.append(f"Chaos run at {args.commit}, seed {args.seed}, {args.duration:.0f} s; {args.machine}; "
-              f"load average {loadavg[0] if loadavg else '?'} at the start, "
-              f"{loadavg[-1] if loadavg else '?'} at the end")
-    md.append("")
-    md.append(f"Settings: {args.settings}")
-    md.append("")
-    md.append(f"{len(kills)} agent kills (SIGKILL), {len(restarts)} server restarts "
-              f"({summary['server_restarts']['sigterm']} SIGTERM, "
-              f"{summary['server_restarts']['sigkill']} SIGKILL). Agent down "
-              f"{summary['agent_down']}; registered again after its start "
-              f"{summary['agent_reregistered_after_start']}; server down (stop to serving) "
-              f"{summary['server_down']}; both agents back by themselves after the server "
-              f"started {summary['agents_back_after_server_start']}.")
-    md.append("")
-    md.append("| what the clients saw | UDP | TCP |")
-    md.append("| --- | ---: | ---: |")
+    md = [f"Chaos run at {args.commit}, seed {args.seed}, {args.duration:.0f} s; {args.machine}; "
+          f"load average {loadavg[0] if loadavg else '?'} at the start, "
+          f"{loadavg[-1] if loadavg else '?'} at the end", "", f"Settings: {args.settings}", "",
+          f"{len(kills)} agent kills (SIGKILL), {len(restarts)} server restarts "
+          f"({summary['server_restarts']['sigterm']} SIGTERM, "
+          f"{summary['server_restarts']['sigkill']} SIGKILL). Agent down "
+          f"{summary['agent_down']}; registered again after its start "
+          f"{summary['agent_reregistered_after_start']}; server down (stop to serving) "
+          f"{summary['server_down']}; both agents back by themselves after the server "
+          f"started {summary['agents_back_after_server_start']}.", "",
+          "| what the clients saw | UDP | TCP |", "| --- | ---: | ---: |"]
     rows = [("sent", "sent"), ("right replies", "replies"), ("error replies", "error_replies"),
             ("wrong replies (misdelivered or corrupt)", "wrong"),
             ("lost: no reply within the timeout (UDP)", "lost"),
@@ -383,20 +365,15 @@ def main():
             ("connections broken / made again (TCP)", None),
             ("receive errors (UDP: port unreachable)", "receive_errors")]
     for label, key in rows:
-        if key is None:
-            cells = [f"{cats[p]['connection_errors']:,} / {cats[p]['reconnects']:,}"
-                     for p in ("udp", "tcp")]
-        else:
-            cells = [fmt(cats[p][key]) for p in ("udp", "tcp")]
-        md.append(f"| {label} | {cells[0]} | {cells[1]} |")
-    md.append("")
-    md.append("Error replies by reason: " + ", ".join(
-        f"{r}: UDP {v['udp']:,}, TCP {v['tcp']:,}" for r, v in sorted(reasons.items())))
-    md.append("")
-    md.append("| incarnation | stopped by | TCP sessions | TCP sent | server read | server "
-              "replied | client answered | lost with the connections | UDP server requests "
-              "| UDP server replies | UDP drops |")
-    md.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        md.append(cb.md_row([label] + [
+            fmt(cats[p][key]) if key else
+            f"{cats[p]['connection_errors']:,} / {cats[p]['reconnects']:,}"
+            for p in ("udp", "tcp")]))
+    md += ["", "Error replies by reason: " + ", ".join(
+        f"{r}: UDP {v['udp']:,}, TCP {v['tcp']:,}" for r, v in sorted(reasons.items())), "",
+        "| incarnation | stopped by | TCP sessions | TCP sent | server read | server replied | "
+        "client answered | lost with the connections | UDP server requests | UDP server replies "
+        "| UDP drops |", "| --- | --- |" + " ---: |" * 8 + " --- |"]
     for t, uu in zip(tcp_rows, udp_rows):
         bound = "" if t["exact"] else " (last scrape)"
         md.append(f"| {t['incarnation']} | {t['stopped']} | {t['client_sessions']} | "
@@ -404,13 +381,10 @@ def main():
                   f"{t['server_replies']:,}{bound} | {t['client_answered']:,} | "
                   f"{t['client_connection_lost']:,} | {uu['server_requests']:,}{bound} | "
                   f"{uu['server_replies']:,}{bound} | {uu['server_drops'] or '-'} |")
+    md += ["", "| check | held | detail |", cb.md_rule(3)]
+    md += [cb.md_row([c["check"], "yes" if c["ok"] else "**NO**", c["detail"]]) for c in checks]
     md.append("")
-    md.append("| check | held | detail |")
-    md.append("| --- | --- | --- |")
-    for c in checks:
-        md.append(f"| {c['check']} | {'yes' if c['ok'] else '**NO**'} | {c['detail']} |")
-    md.append("")
-    (out / "report.md").write_text("\n".join(md))
+    cb.write_text(out / "report.md", "\n".join(md))
     print("\n".join(md))
     print("RECONCILED" if ok else "NOT RECONCILED: see the checks marked NO")
     return 0 if ok else 1

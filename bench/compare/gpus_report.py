@@ -21,32 +21,19 @@ the loss of an agent. With matplotlib: gpus-throughput.png, gpus-latency.png, gp
 """
 import json
 import os
-import re
 import signal
 import sys
 import time
-import urllib.request
 
-AGENT_RE = re.compile(r'agent="([^"]*)"')
-
-
-def page(source):
-    """snic_server's metrics page: fetched from an http URL, or read from a file."""
-    if not source.startswith("http"):
-        return open(source).read()
-    with urllib.request.urlopen(source, timeout=5) as r:
-        return r.read().decode()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import caracal_bench as cb  # noqa: E402
 
 
 def scrape(source):
-    text = page(source)
     out = {}
-    for line in text.splitlines():
-        if not line.startswith("caracal_queue_answered_requests{"):
-            continue
-        m = AGENT_RE.search(line)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0) + int(float(line.rsplit(" ", 1)[1]))
+    for name, labels, v in cb.metric_samples(cb.metrics_page(source).splitlines()):
+        if name == "caracal_queue_answered_requests" and "agent" in labels:
+            out[labels["agent"]] = out.get(labels["agent"], 0) + int(v)
     return out
 
 
@@ -66,16 +53,11 @@ def sample(url, path, interval_ms):
 
 
 def load(results):
-    raw = os.path.join(results, "raw")
-    run = json.load(open(os.path.join(raw, "run.json")))
-    points = []
-    for line in open(os.path.join(raw, "points.jsonl")):
-        if not line.strip():
-            continue
-        p = json.loads(line)
+    raw, run, points = cb.load_run(results)
+    for p in points:
         path = os.path.join(raw, p["json"])
         if os.path.exists(path):
-            lg = json.load(open(path))
+            lg = cb.read_json(path)
             p["throughput_rps"] = lg.get("throughput_rps")
             p["offered_rps"] = lg.get("offered_rps")
             p["latency"] = {k: v for k, v in (lg.get("latency") or {}).items() if k != "cdf"}
@@ -86,12 +68,11 @@ def load(results):
         means = histogram_means(os.path.join(raw, p["json"][:-len(".json")]))
         if means:
             p["server_means_us"] = means
-        points.append(p)
     run["points"] = points
     loss = {}
     samples = os.path.join(raw, "loss-samples.jsonl")
     if os.path.exists(samples):
-        loss["samples"] = [json.loads(l) for l in open(samples) if l.strip()]
+        loss["samples"] = cb.read_jsonl(samples)
     killed = os.path.join(raw, "loss-killed-at.txt")
     if os.path.exists(killed):
         loss["killed_at_unix_s"] = float(open(killed).read().strip())
@@ -108,13 +89,14 @@ MEANS = {"service_latency": "caracal_service_latency_seconds",
 def histogram_sums(path):
     """{family: (sum, count)} of MEANS' histograms in a metrics page, summed over labels."""
     out = {}
-    for line in open(path):
-        for family in MEANS.values():
-            for suffix, i in (("_sum", 0), ("_count", 1)):
-                if line.startswith(family + suffix + "{") or line.startswith(family + suffix + " "):
-                    v = list(out.get(family, (0.0, 0.0)))
-                    v[i] += float(line.rsplit(" ", 1)[1])
-                    out[family] = tuple(v)
+    with open(path) as f:
+        for name, _, v in cb.metric_samples(f):
+            for family in MEANS.values():
+                s, n = out.get(family, (0.0, 0.0))
+                if name == family + "_sum":
+                    out[family] = (s + v, n)
+                elif name == family + "_count":
+                    out[family] = (s, n + v)
     return out
 
 
@@ -134,16 +116,9 @@ def histogram_means(stem):
     return out
 
 
-def us(ns):
-    return f"{ns / 1000:.0f}" if ns else "-"
-
-
-def krps(v):
-    return f"{v / 1000:,.1f}" if v is not None else "-"
-
-
-def find(points, **kw):
-    return [p for p in points if all(p.get(k) == v for k, v in kw.items())]
+def whole_us(ns):
+    """A latency in whole us; "-" for none (0 too)."""
+    return cb.ns_as_us(ns or None, 0)
 
 
 def workload(run):
@@ -162,77 +137,72 @@ def pinning(params):
     return (" Kept (taskset): " + ", ".join(kept) + ".") if kept else ""
 
 
+def by_point(pts):
+    return sorted(pts, key=lambda p: (p["server"], p["proto"], p["accelerators"]))
+
+
 def scaling_section(run, md):
-    pts = run["points"]
-    counts = sorted({p["accelerators"] for p in find(pts, experiment="scaling")})
+    pts = cb.matching(run["points"], experiment="scaling")
+    counts = sorted({p["accelerators"] for p in pts})
     if not counts:
         return
     kind = "CPU agents" if run["cpu_only"] else "GPUs"
-    md.append(f"## Throughput against {kind}\n")
-    md.append(f"{workload(run)}, {run['params']['size']} B requests; closed loop, "
-              f"{run['params']['sat_connections']} connections x "
-              f"{run['params']['sat_window']} in flight. k req/s (speedup over 1; server cores; "
-              "p50 / p99 us)." + pinning(run["params"]) + "\n")
-    head = "| server | proto | " + " | ".join(f"{n} {kind}" for n in counts) + " |"
-    md.append(head)
-    md.append("|" + " --- |" * (2 + len(counts)))
+    servers, protos = run["servers"].split(), run["params"]["protos"].split()
+    md += [f"## Throughput against {kind}\n",
+           f"{workload(run)}, {run['params']['size']} B requests; closed loop, "
+           f"{run['params']['sat_connections']} connections x {run['params']['sat_window']} in "
+           "flight. k req/s (speedup over 1; server cores; p50 / p99 us)."
+           + pinning(run["params"]) + "\n"]
+    md += cb.md_table(["server", "proto"] + [f"{n} {kind}" for n in counts])
     run["scaling"] = []
-    for server in run["servers"].split():
-        for proto in run["params"]["protos"].split():
+    for server in servers:
+        for proto in protos:
             cells = []
             base = None
             for n in counts:
-                f = find(pts, experiment="scaling", server=server, accelerators=n, proto=proto,
-                         kind="saturation")
-                if not f or f[0].get("throughput_rps") is None:
+                p = cb.first(pts, server=server, accelerators=n, proto=proto, kind="saturation")
+                if not p or p.get("throughput_rps") is None:
                     cells.append("-")
                     continue
-                p = f[0]
                 rps = p["throughput_rps"]
                 base = rps if n == counts[0] and base is None else base
                 speedup = rps / base if base else None
                 lat = p.get("latency") or {}
-                cells.append(f"{krps(rps)} ({speedup:.2f}x; {p['cpu_cores']:.1f}; "
-                             f"{us(lat.get('p50_ns'))} / {us(lat.get('p99_ns'))})"
-                             if speedup else krps(rps))
+                cells.append(f"{cb.rps_as_krps(rps)} ({speedup:.2f}x; {p['cpu_cores']:.1f}; "
+                             f"{whole_us(lat.get('p50_ns'))} / {whole_us(lat.get('p99_ns'))})"
+                             if speedup else cb.rps_as_krps(rps))
                 run["scaling"].append({"server": server, "proto": proto, "accelerators": n,
                                        "rps": rps, "speedup": speedup,
                                        "cpu_cores": p["cpu_cores"]})
-            md.append(f"| {server} | {proto} | " + " | ".join(cells) + " |")
+            md.append(cb.md_row([server, proto] + cells))
     md.append("")
     # Caracal over the host-centric server at each count.
-    servers = run["servers"].split()
     if "caracal" in servers and "host_centric" in servers:
         md.append("Caracal over host_centric:\n")
-        md.append("| proto | " + " | ".join(f"{n} {kind}" for n in counts) + " |")
-        md.append("|" + " --- |" * (1 + len(counts)))
-        for proto in run["params"]["protos"].split():
+        md += cb.md_table(["proto"] + [f"{n} {kind}" for n in counts])
+        for proto in protos:
             cells = []
             for n in counts:
-                a = find(pts, experiment="scaling", server="caracal", accelerators=n, proto=proto,
-                         kind="saturation")
-                b = find(pts, experiment="scaling", server="host_centric", accelerators=n,
-                         proto=proto, kind="saturation")
-                if a and b and a[0].get("throughput_rps") and b[0].get("throughput_rps"):
-                    cells.append(f"{a[0]['throughput_rps'] / b[0]['throughput_rps']:.2f}x")
-                else:
-                    cells.append("-")
-            md.append(f"| {proto} | " + " | ".join(cells) + " |")
+                a, b = (cb.first(pts, server=s, accelerators=n, proto=proto, kind="saturation")
+                        for s in ("caracal", "host_centric"))
+                cells.append(f"{a['throughput_rps'] / b['throughput_rps']:.2f}x" if a and b and
+                             a.get("throughput_rps") and b.get("throughput_rps") else "-")
+            md.append(cb.md_row([proto] + cells))
         md.append("")
 
-    opens = [p for p in find(pts, experiment="scaling") if p["kind"].startswith("open-")]
+    opens = [p for p in pts if p["kind"].startswith("open-")]
     if opens:
         md.append("## Latency against load (UDP, open loop)\n")
-        md.append("| server | accelerators | offered k req/s | served k req/s | p50 us | p99 us "
-                  "| p99.9 us | lost |")
-        md.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        md += cb.md_table(["server", "accelerators", "offered k req/s", "served k req/s",
+                           "p50 us", "p99 us", "p99.9 us", "lost"])
         for p in sorted(opens, key=lambda p: (p["server"], p["accelerators"],
                                               p.get("offered_rps") or 0)):
             lat = p.get("latency") or {}
-            md.append(f"| {p['server']} | {p['accelerators']} | {krps(p.get('offered_rps'))} | "
-                      f"{krps(p.get('throughput_rps'))} | {us(lat.get('p50_ns'))} | "
-                      f"{us(lat.get('p99_ns'))} | {us(lat.get('p999_ns'))} | "
-                      f"{(p.get('counts') or {}).get('lost', '-')} |")
+            md.append(cb.md_row([p["server"], str(p["accelerators"]),
+                                 cb.rps_as_krps(p.get("offered_rps")),
+                                 cb.rps_as_krps(p.get("throughput_rps"))]
+                                + [whole_us(lat.get(k)) for k in ("p50_ns", "p99_ns", "p999_ns")]
+                                + [str((p.get("counts") or {}).get("lost", "-"))]))
         md.append("")
 
 
@@ -240,62 +210,58 @@ def machine_section(run, md):
     """The machine's CPUs at each saturation point: the server's, memcached's (face), the
     client's and the whole machine's, so that a point the machine's CPUs held shows as such;
     then, where snic_server's metrics were kept, its means over each point."""
-    pts = [p for p in find(run["points"], experiment="scaling", kind="saturation")
+    pts = [p for p in cb.matching(run["points"], experiment="scaling", kind="saturation")
            if p.get("machine_cores") is not None]
     if not pts:
         return
     face = any(p.get("memcached_cores") is not None for p in pts)
-    md.append("## Where the machine's CPUs went at saturation\n")
-    md.append(f"Cores over each point (the server's processes and the whole machine from "
-              f"`/proc`, the client's threads from caracal_loadgen over its measured window); "
-              f"the machine has {run['online_cpus']} CPUs.\n")
-    md.append("| server | proto | accelerators | k req/s | server | "
-              + ("memcached | " if face else "") + "client | machine | machine idle |")
-    md.append("|" + " --- |" * (8 + face))
-    for p in sorted(pts, key=lambda p: (p["server"], p["proto"], p["accelerators"])):
-        client = (p.get("client_cpu") or {}).get("cores")
+    md += ["## Where the machine's CPUs went at saturation\n",
+           f"Cores over each point (the server's processes and the whole machine from `/proc`, "
+           f"the client's threads from caracal_loadgen over its measured window); the machine "
+           f"has {run['online_cpus']} CPUs.\n"]
+    md += cb.md_table(["server", "proto", "accelerators", "k req/s", "server"]
+                      + ["memcached"] * face + ["client", "machine", "machine idle"])
+    for p in by_point(pts):
         mc = p.get("memcached_cores")
-        md.append(f"| {p['server']} | {p['proto']} | {p['accelerators']} | "
-                  f"{krps(p.get('throughput_rps'))} | {p['cpu_cores']:.1f} | "
-                  + (f"{mc:.1f} | " if face else "")
-                  + (f"{client:.1f}" if client is not None else "-")
-                  + f" | {p['machine_cores']:.1f} | "
-                  f"{run['online_cpus'] - p['machine_cores']:.1f} |")
+        md.append(cb.md_row([p["server"], p["proto"], str(p["accelerators"]),
+                             cb.rps_as_krps(p.get("throughput_rps")), f"{p['cpu_cores']:.1f}"]
+                            + [f"{mc:.1f}"] * face
+                            + [cb.num((p.get("client_cpu") or {}).get("cores")),
+                               f"{p['machine_cores']:.1f}",
+                               f"{run['online_cpus'] - p['machine_cores']:.1f}"]))
     md.append("")
     inside = [p for p in pts if p.get("server_means_us")]
     if inside:
         md.append("Inside snic_server over each point (means of its histograms): a request from "
                   "dispatch to its answer (`caracal_service_latency_seconds`) and a handler's "
                   "call to a destination (`caracal_destination_call_seconds`), us.\n")
-        md.append("| server | proto | accelerators | request in the server | destination call |")
-        md.append("| --- | --- | --- | --- | --- |")
-        for p in sorted(inside, key=lambda p: (p["server"], p["proto"], p["accelerators"])):
+        md += cb.md_table(["server", "proto", "accelerators", "request in the server",
+                           "destination call"])
+        for p in by_point(inside):
             m = p["server_means_us"]
-            cells = [f"{m[k]:.0f}" if k in m else "-" for k in ("service_latency",
-                                                                 "destination_call")]
-            md.append(f"| {p['server']} | {p['proto']} | {p['accelerators']} | "
-                      + " | ".join(cells) + " |")
+            md.append(cb.md_row([p["server"], p["proto"], str(p["accelerators"])]
+                                + [cb.num(m.get(k), 0) for k in MEANS]))
         md.append("")
 
 
 def unequal_section(run, md):
-    pts = find(run["points"], experiment="unequal")
+    pts = cb.matching(run["points"], experiment="unequal")
     if not pts:
         return
-    md.append("## Two agents of unequal speed\n")
-    md.append(f"The second agent (acc1) waits {run['params']['slow_delay_us']} us more per "
-              "request (`--delay-us`, the answer unchanged). UDP saturation; requests each agent "
-              "answered over the point (warm-up included), from snic_server's "
-              "`caracal_queue_answered_requests`.\n")
-    md.append("| policy | k req/s | acc0 answered | acc1 answered | acc0 share |")
-    md.append("| --- | --- | --- | --- | --- |")
+    md += ["## Two agents of unequal speed\n",
+           f"The second agent (acc1) waits {run['params']['slow_delay_us']} us more per request "
+           "(`--delay-us`, the answer unchanged). UDP saturation; requests each agent answered "
+           "over the point (warm-up included), from snic_server's "
+           "`caracal_queue_answered_requests`.\n"]
+    md += cb.md_table(["policy", "k req/s", "acc0 answered", "acc1 answered", "acc0 share"])
     run["unequal"] = []
     for p in pts:
         a = p.get("answered_by_agent") or {}
         a0, a1 = a.get("acc0", 0), a.get("acc1", 0)
         share = a0 / (a0 + a1) if a0 + a1 else None
-        md.append(f"| {p['policy']} | {krps(p.get('throughput_rps'))} | {a0:,} | {a1:,} | "
-                  f"{share:.1%} |" if share is not None else f"| {p['policy']} | - | - | - | - |")
+        md.append(cb.md_row([p["policy"], cb.rps_as_krps(p.get("throughput_rps")), f"{a0:,}",
+                             f"{a1:,}", f"{share:.1%}"] if share is not None
+                            else [p["policy"]] + ["-"] * 4))
         run["unequal"].append({"policy": p["policy"], "rps": p.get("throughput_rps"),
                                "answered": a, "fast_share": share})
     md.append("")
@@ -304,16 +270,15 @@ def unequal_section(run, md):
 def loss_timeline(run):
     """Per interval: the loadgen's replies and error replies, and each agent's answered requests
     (from the samples), as rates, against seconds since the load started."""
-    pts = find(run["points"], experiment="loss")
+    pts = cb.matching(run["points"], experiment="loss")
     if not pts or "timeline" not in pts[0]:
         return None
     p = pts[0]
     tl = p["timeline"]
     step = tl["interval_ms"] / 1000
     start = tl["start_unix_s"]
-    rows = []
-    for k, (ok, err) in enumerate(zip(tl["replies"], tl["error_replies"])):
-        rows.append({"t": k * step, "replies_rps": ok / step, "error_replies": err})
+    rows = [{"t": k * step, "replies_rps": ok / step, "error_replies": err}
+            for k, (ok, err) in enumerate(zip(tl["replies"], tl["error_replies"]))]
     samples = [s for s in (run.get("loss") or {}).get("samples", []) if s.get("answered")]
     agents = sorted({a for s in samples for a in s["answered"]})
     series = {a: [] for a in agents}  # (t, rate)
@@ -339,16 +304,16 @@ def loss_section(run, md):
     p = lt["point"]
     c = p.get("counts") or {}
     k = lt["killed_at_s"]
-    md.append("## An agent lost under load\n")
-    md.append(f"{run['params']['loss_agents']} agents under closed-loop TCP load "
-              f"({run['params']['sat_connections']} connections x {run['params']['sat_window']} "
-              f"in flight) for {run['params']['loss_duration_s']} s; the last one killed with "
-              f"SIGKILL at {k:.2f} s." if k is not None else "(the kill time was not recorded)")
-    md.append("")
-    md.append(f"Requests sent {c.get('sent', 0):,}: right replies {c.get('replies', 0):,}, error "
-              f"replies {c.get('error_replies', 0):,}, wrong {c.get('wrong', 0)}, unanswered "
-              f"{c.get('unanswered', 0)}, broken connections {c.get('connection_errors', 0)}; "
-              f"loadgen exit {p['loadgen_rc']}.\n")
+    prm = run["params"]
+    md += ["## An agent lost under load\n",
+           f"{prm['loss_agents']} agents under closed-loop TCP load ({prm['sat_connections']} "
+           f"connections x {prm['sat_window']} in flight) for {prm['loss_duration_s']} s; the "
+           f"last one killed with SIGKILL at {k:.2f} s." if k is not None else
+           "(the kill time was not recorded)", "",
+           f"Requests sent {c.get('sent', 0):,}: right replies {c.get('replies', 0):,}, error "
+           f"replies {c.get('error_replies', 0):,}, wrong {c.get('wrong', 0)}, unanswered "
+           f"{c.get('unanswered', 0)}, broken connections {c.get('connection_errors', 0)}; "
+           f"loadgen exit {p['loadgen_rc']}.\n"]
     summary = {"sent": c.get("sent"), "replies": c.get("replies"),
                "error_replies": c.get("error_replies"), "wrong": c.get("wrong"),
                "unanswered": c.get("unanswered"), "connection_errors": c.get("connection_errors"),
@@ -358,37 +323,39 @@ def loss_section(run, md):
         # the kill to the end of the load), per agent and in total.
         def mean(vals):
             return sum(vals) / len(vals) if vals else None
-        end = run["params"]["loss_duration_s"]
+        end = prm["loss_duration_s"]
         step = lt_step(lt)
         before_total = mean([r["replies_rps"] for r in lt["rows"] if 0.2 <= r["t"] < k - step])
         after_total = mean([r["replies_rps"] for r in lt["rows"]
                             if k + 2 * step <= r["t"] <= end - step])
-        md.append("| | before the kill, k req/s | after it, k req/s |")
-        md.append("| --- | --- | --- |")
-        md.append(f"| all replies (loadgen) | {krps(before_total)} | {krps(after_total)} |")
+        md += ["| | before the kill, k req/s | after it, k req/s |", cb.md_rule(3),
+               cb.md_row(["all replies (loadgen)", cb.rps_as_krps(before_total),
+                          cb.rps_as_krps(after_total)])]
         summary["before_rps"], summary["after_rps"] = before_total, after_total
         summary["agents"] = {}
         for a, s in lt["agents"].items():
             # A sample's rate covers the interval that ends at its t.
             b = mean([v for t, v in s if 0.2 + step <= t < k])
             af = mean([v for t, v in s if k + 2 * step <= t - step and t <= end])
-            md.append(f"| {a} (answered) | {krps(b)} | {krps(af)} |")
+            md.append(cb.md_row([f"{a} (answered)", cb.rps_as_krps(b), cb.rps_as_krps(af)]))
             summary["agents"][a] = {"before_rps": b, "after_rps": af}
         md.append("")
     md.append(f"Every {run['params']['sample_ms']} ms, from the start of the load: right replies "
               "(loadgen) and each agent's answered requests in k req/s, error replies as counted."
               "\n")
     agents = list(lt["agents"])
-    md.append("| t s | replies | error replies | " + " | ".join(agents) + " |")
-    md.append("|" + " --- |" * (3 + len(agents)))
+    # The agents' cells as one (a run without agent samples has an empty one).
+    md += [cb.md_row(["t s", "replies", "error replies", " | ".join(agents)]),
+           cb.md_rule(3 + len(agents))]
+    step = lt_step(lt)
     for r in lt["rows"]:
         cells = []
         for a in agents:
-            near = [v for t, v in lt["agents"][a] if abs(t - (r["t"] + lt_step(lt))) < lt_step(lt) / 2]
-            cells.append(krps(near[0]) if near else "")
-        mark = " (kill)" if k is not None and r["t"] <= k < r["t"] + lt_step(lt) else ""
-        md.append(f"| {r['t']:.1f}{mark} | {krps(r['replies_rps'])} | "
-                  f"{r['error_replies']} | " + " | ".join(cells) + " |")
+            near = [v for t, v in lt["agents"][a] if abs(t - (r["t"] + step)) < step / 2]
+            cells.append(cb.rps_as_krps(near[0]) if near else "")
+        mark = " (kill)" if k is not None and r["t"] <= k < r["t"] + step else ""
+        md.append(cb.md_row([f"{r['t']:.1f}{mark}", cb.rps_as_krps(r["replies_rps"]),
+                             str(r["error_replies"]), " | ".join(cells)]))
     md.append("")
     run["loss_summary"] = summary
     run["loss_timeline"] = {"rows": lt["rows"],
@@ -401,12 +368,8 @@ def lt_step(lt):
 
 
 def plots(run, results):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("gpus_report.py: no matplotlib; no plots", file=sys.stderr)
+    plt = cb.pyplot("gpus_report.py")
+    if plt is None:
         return
     kind = "CPU agents" if run["cpu_only"] else "GPUs"
     sc = run.get("scaling") or []
@@ -414,62 +377,44 @@ def plots(run, results):
         fig, ax = plt.subplots(figsize=(6, 4))
         for server in run["servers"].split():
             for proto in run["params"]["protos"].split():
-                xs = [r["accelerators"] for r in sc if r["server"] == server and r["proto"] == proto]
-                ys = [r["rps"] / 1000 for r in sc if r["server"] == server and r["proto"] == proto]
-                if xs:
-                    ax.plot(xs, ys, marker="o", label=f"{server} {proto}")
-        ax.set_xlabel(kind)
-        ax.set_ylabel("k req/s at saturation")
-        ax.set_xticks(sorted({r["accelerators"] for r in sc}))
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"{workload(run)}, {run['params']['size']} B")
-        ax.legend()
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(os.path.join(results, "gpus-throughput.png"), dpi=120)
-        plt.close(fig)
-    opens = [p for p in find(run["points"], experiment="scaling") if p["kind"].startswith("open-")]
+                g = cb.matching(sc, server=server, proto=proto)
+                if g:
+                    ax.plot([r["accelerators"] for r in g], [r["rps"] / 1000 for r in g],
+                            marker="o", label=f"{server} {proto}")
+        cb.save_chart(plt, fig, ax, os.path.join(results, "gpus-throughput.png"), xlabel=kind,
+                      ylabel="k req/s at saturation", ylim=(0, None),
+                      xticks=sorted({r["accelerators"] for r in sc}),
+                      title=f"{workload(run)}, {run['params']['size']} B")
+    opens = [p for p in cb.matching(run["points"], experiment="scaling")
+             if p["kind"].startswith("open-")]
     if opens:
         fig, ax = plt.subplots(figsize=(6, 4))
-        groups = sorted({(p["server"], p["accelerators"]) for p in opens})
-        for server, n in groups:
-            g = sorted([p for p in opens if p["server"] == server and p["accelerators"] == n],
+        for server, n in sorted({(p["server"], p["accelerators"]) for p in opens}):
+            g = sorted(cb.matching(opens, server=server, accelerators=n),
                        key=lambda p: p.get("offered_rps") or 0)
             xs = [(p.get("offered_rps") or 0) / 1000 for p in g]
             ax.plot(xs, [(p["latency"].get("p50_ns") or 0) / 1000 for p in g], marker="o",
                     label=f"{server}, {n} {kind}, p50")
             ax.plot(xs, [(p["latency"].get("p99_ns") or 0) / 1000 for p in g], marker="x",
                     linestyle="--", label=f"{server}, {n} {kind}, p99")
-        ax.set_xlabel("offered k req/s (UDP, open loop)")
-        ax.set_ylabel("latency us")
-        ax.set_yscale("log")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(os.path.join(results, "gpus-latency.png"), dpi=120)
-        plt.close(fig)
+        cb.save_chart(plt, fig, ax, os.path.join(results, "gpus-latency.png"), legend_size=7,
+                      xlabel="offered k req/s (UDP, open loop)", ylabel="latency us",
+                      yscale="log")
     lt = run.get("loss_timeline")
     if lt:
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([r["t"] for r in lt["rows"]], [r["replies_rps"] / 1000 for r in lt["rows"]],
-                label="all replies (loadgen)")
-        step = lt["rows"][1]["t"] - lt["rows"][0]["t"] if len(lt["rows"]) > 1 else 0.1
-        ax.plot([r["t"] for r in lt["rows"]],
-                [r["error_replies"] / step / 1000 for r in lt["rows"]], label="error replies")
+        ts = [r["t"] for r in lt["rows"]]
+        ax.plot(ts, [r["replies_rps"] / 1000 for r in lt["rows"]], label="all replies (loadgen)")
+        ax.plot(ts, [r["error_replies"] / lt_step(lt) / 1000 for r in lt["rows"]],
+                label="error replies")
         for a, s in lt["agents"].items():
             ax.plot([t for t, _ in s], [v / 1000 for _, v in s], linestyle="--",
                     label=f"{a} answered")
         k = (run.get("loss_summary") or {}).get("killed_at_s")
         if k is not None:
             ax.axvline(k, color="red", alpha=0.5, label="SIGKILL")
-        ax.set_xlabel("s since the load started")
-        ax.set_ylabel("k req/s")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(os.path.join(results, "gpus-loss.png"), dpi=120)
-        plt.close(fig)
+        cb.save_chart(plt, fig, ax, os.path.join(results, "gpus-loss.png"), legend_size=7,
+                      xlabel="s since the load started", ylabel="k req/s", ylim=(0, None))
 
 
 def report(results):
@@ -490,17 +435,15 @@ def report(results):
     machine_section(run, md)
     unequal_section(run, md)
     loss_section(run, md)
-    with open(os.path.join(results, "gpus.json"), "w") as f:
-        json.dump(run, f, indent=1)
-    with open(os.path.join(results, "gpus.md"), "w") as f:
-        f.write("\n".join(md) + "\n")
+    cb.write_json(os.path.join(results, "gpus.json"), run)
+    cb.write_text(os.path.join(results, "gpus.md"), "\n".join(md) + "\n")
     plots(run, results)
     return 0
 
 
 def main(argv):
     if len(argv) == 3 and argv[1] == "--page":
-        sys.stdout.write(page(argv[2]))
+        sys.stdout.write(cb.metrics_page(argv[2]))
         return 0
     if len(argv) == 3 and argv[1] == "--scrape":
         for agent, n in sorted(scrape(argv[2]).items()):

@@ -11,30 +11,24 @@ run has them: if N servers of T threads at once keep the one server of T threads
 while one server of N x T threads falls, what a request costs grows inside the server; if they
 fall alike, it grows in what the servers share (the kernel, the machine).
 """
-import json
 import os
-import statistics
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import caracal_bench as cb  # noqa: E402
 
 
 def load(results):
-    raw = os.path.join(results, "raw")
-    run = json.load(open(os.path.join(raw, "run.json")))
-    points = []
-    for line in open(os.path.join(raw, "points.jsonl")):
-        line = line.strip()
-        if not line:
-            continue
-        p = json.loads(line)
+    raw, run, points = cb.load_run(results)
+    for p in points:
         try:
-            lg = json.load(open(os.path.join(raw, p["json"])))
+            lg = cb.read_json(os.path.join(raw, p["json"]))
             p["throughput_rps"] = lg["throughput_rps"]
             p["counts"] = lg["counts"]
             p["p50_us"] = lg["latency"]["p50_ns"] / 1000
             p["p99_us"] = lg["latency"]["p99_ns"] / 1000
         except (OSError, ValueError, KeyError) as e:
             p["missing"] = f"{p['json']}: {e}"
-        points.append(p)
     return run, points
 
 
@@ -55,18 +49,14 @@ def rounds_of(points):
             summary.setdefault(key, {})[rnd] = {
                 "ok": ok, "rps": rps, "busy_cpus": busy, "pinned": pinned,
                 "per_cpu": rps / busy if busy > 0 else None, "bad_replies": bad,
-                "per_server_rps": [p.get("throughput_rps") for p in sorted(pts, key=lambda q: q["server"])],
+                "per_server_rps": [p.get("throughput_rps")
+                                   for p in sorted(pts, key=lambda q: q["server"])],
                 "p99_us": max((p.get("p99_us", 0) for p in pts), default=None),
                 # The probe's rate under this round's load over its rate on the idle machine.
                 "probe": (pts[0]["probe_load"] / pts[0]["probe_idle"]
                           if pts[0].get("probe_load") and pts[0].get("probe_idle") else None),
             }
     return summary
-
-
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def main():
@@ -82,22 +72,19 @@ def main():
             if not by_round:
                 continue
             n, t = (int(x) for x in layout.split("+")[0].split("/")[0].split("x"))
-            probes = [s["probe"] for s in by_round.values() if s["probe"] is not None]
+            ok = [s for s in by_round.values() if s["ok"]]
             rows.append({
                 "layout": layout, "servers": n, "threads": t, "netns": "/ns" in layout,
-                "median_probe": median(probes),
+                "median_probe": cb.median(s["probe"] for s in by_round.values()),
                 "proto": proto, "rounds": [by_round[r] for r in sorted(by_round)],
-                "median_rps": median([s["rps"] for s in by_round.values() if s["ok"]]),
-                "median_per_cpu": median([s["per_cpu"] for s in by_round.values() if s["ok"]]),
-                "median_busy_cpus": median([s["busy_cpus"] for s in by_round.values() if s["ok"]]),
-                "failed_rounds": sum(1 for s in by_round.values() if not s["ok"]),
+                "median_rps": cb.median(s["rps"] for s in ok),
+                "median_per_cpu": cb.median(s["per_cpu"] for s in ok),
+                "median_busy_cpus": cb.median(s["busy_cpus"] for s in ok),
+                "failed_rounds": len(by_round) - len(ok),
                 "bad_replies": sum(s["bad_replies"] for s in by_round.values()),
             })
-    json.dump({"run": run, "rows": rows, "points": points},
-              open(os.path.join(results, "instances.json"), "w"), indent=1)
-
-    def k(x):
-        return "-" if x is None else f"{x / 1000:,.0f}"
+    cb.write_json(os.path.join(results, "instances.json"),
+                  {"run": run, "rows": rows, "points": points})
 
     pinned = all(s["pinned"] for r in rows for s in r["rounds"])
     busy_what = ("how busy the servers' CPUs were (/proc/stat: their processes and the kernel's "
@@ -133,14 +120,16 @@ def main():
                 return ""
             return f"{r['median_per_cpu'] / ref['median_per_cpu']:.2f}x"
 
-        each = ", ".join(k(s["per_cpu"]) + ("" if s["ok"] else " (failed)") for s in r["rounds"])
-        busy = "-" if r["median_busy_cpus"] is None else f"{r['median_busy_cpus']:.1f}"
+        each = ", ".join(cb.rps_as_krps(s["per_cpu"], 0) + ("" if s["ok"] else " (failed)")
+                         for s in r["rounds"])
         bad = f" ({r['bad_replies']} wrong or lost)" if r["bad_replies"] else ""
-        lines.append(f"| {r['proto']} | {r['layout']} | {k(r['median_rps'])}{bad} | {busy} | "
-                     f"{k(r['median_per_cpu'])} | {each} | {ratio(one_t)} | {ratio(one_all)} | "
-                     + ("-" if r["median_probe"] is None else f"{r['median_probe']:.2f}") + " |")
-    lines += ["", "Raw data: `raw/` (loadgen JSON per server and round, configs, logs, points.jsonl)."]
-    open(os.path.join(results, "instances.md"), "w").write("\n".join(lines) + "\n")
+        lines.append(cb.md_row([r["proto"], r["layout"], cb.rps_as_krps(r["median_rps"], 0) + bad,
+                                cb.num(r["median_busy_cpus"]),
+                                cb.rps_as_krps(r["median_per_cpu"], 0), each, ratio(one_t),
+                                ratio(one_all), cb.num(r["median_probe"], 2)]))
+    lines += ["", "Raw data: `raw/` (loadgen JSON per server and round, configs, logs, "
+              "points.jsonl)."]
+    cb.write_text(os.path.join(results, "instances.md"), "\n".join(lines) + "\n")
     failed = sum(r["failed_rounds"] for r in rows) + sum(r["bad_replies"] > 0 for r in rows)
     return 1 if failed else 0
 

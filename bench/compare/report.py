@@ -7,37 +7,23 @@ Reads RESULTS_DIR/raw/run.json, raw/points.jsonl, the loadgen JSON and sockperf 
 point names, and the perf profiles of a run with PERF (raw/NAME-perf.txt); writes
 RESULTS_DIR/compare.json and RESULTS_DIR/compare.md.
 """
-import json
 import os
 import re
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import caracal_bench as cb  # noqa: E402
 
-def sockperf_summary(path):
-    """p50/p99/p99.9/max/average latency (us) from sockperf ping-pong output, or None."""
-    try:
-        text = open(path, encoding="utf-8", errors="replace").read()
-    except OSError:
-        return None
-    out = {}
-    # run.sh passes --full-rtt ("Round trip is"); sockperf's default reports half the round
-    # trip ("Latency is"), which older runs recorded.
-    m = re.search(r"Summary: (Round trip|Latency) is ([0-9.]+) usec", text)
-    if m:
-        out["round_trip"] = m.group(1) == "Round trip"
-        out["avg_us"] = float(m.group(2))
-    for key, pct in (("p50_us", "50.000"), ("p90_us", "90.000"), ("p99_us", "99.000"),
-                     ("p999_us", "99.900")):
-        m = re.search(r"percentile " + re.escape(pct) + r" =\s+([0-9.]+)", text)
-        if m:
-            out[key] = float(m.group(1))
-    m = re.search(r"<MAX> observation =\s+([0-9.]+)", text)
-    if m:
-        out["max_us"] = float(m.group(1))
-    m = re.search(r"# dropped messages = (\d+); # duplicated messages = (\d+); "
-                  r"# out-of-order messages = (\d+)", text)
-    if m:
-        out["dropped"], out["duplicated"], out["out_of_order"] = map(int, m.groups())
+
+def sockperf_latency(path):
+    """p50/p90/p99/p99.9/max/average latency (us) and the message counts of a sockperf point,
+    or None. run.sh passes --full-rtt (round_trip); older runs recorded half of one."""
+    s = cb.sockperf(path)
+    pct = s.get("percentile_us", {})
+    out = {k: s[k] for k in ("round_trip", "avg_us") if k in s}
+    out.update((k, pct[p]) for k, p in (("p50_us", 50), ("p90_us", 90), ("p99_us", 99),
+                                        ("p999_us", 99.9)) if p in pct)
+    out.update((k, s[k]) for k in ("max_us", "dropped", "duplicated", "out_of_order") if k in s)
     return out or None
 
 
@@ -89,58 +75,32 @@ def perf_profile(path):
     return parts
 
 
+# What compare.json keeps of each point's loadgen JSON: (its key, loadgen's).
+LOADGEN_KEYS = (("throughput_rps",) * 2, ("offered_rps",) * 2, ("latency",) * 2,
+                ("counts",) * 2, ("errors",) * 2, ("config",) * 2, ("loadgen_machine", "machine"))
+
+
 def load(results):
-    raw = os.path.join(results, "raw")
-    run = json.load(open(os.path.join(raw, "run.json")))
-    points = []
-    for line in open(os.path.join(raw, "points.jsonl")):
-        line = line.strip()
-        if not line:
-            continue
-        p = json.loads(line)
+    raw, run, points = cb.load_run(results)
+    for p in points:
         if "json" in p:
             try:
-                lg = json.load(open(os.path.join(raw, p["json"])))
-                p["throughput_rps"] = lg["throughput_rps"]
-                p["offered_rps"] = lg["offered_rps"]
-                p["latency"] = lg["latency"]
-                p["counts"] = lg["counts"]
-                p["errors"] = lg["errors"]
-                p["config"] = lg["config"]
-                p["loadgen_machine"] = lg["machine"]
+                lg = cb.read_json(os.path.join(raw, p["json"]))
+                for key, lg_key in LOADGEN_KEYS:
+                    p[key] = lg[lg_key]
                 if "client_cpu" in lg:
                     p["client_cpu"] = lg["client_cpu"]
             except (OSError, ValueError, KeyError) as e:
                 p["missing"] = f"{p['json']}: {e}"
         if "sockperf" in p:
-            p["sockperf_latency"] = sockperf_summary(os.path.join(raw, p["sockperf"]))
+            p["sockperf_latency"] = sockperf_latency(os.path.join(raw, p["sockperf"]))
         if "json" in p:
             prof = perf_profile(os.path.join(raw, p["json"][:-len(".json")] + "-perf.txt"))
             if prof:
                 p["profile_pct"] = prof
-        points.append(p)
     run["points"] = points
     run["low_load"] = low_load_rounds(run)
     return run
-
-
-def us(ns):
-    return "-" if ns is None else f"{ns / 1000:.1f}"
-
-
-def find(points, **kw):
-    for p in points:
-        if all(p.get(k) == v for k, v in kw.items()):
-            return p
-    return None
-
-
-def median(values):
-    v = sorted(values)
-    if not v:
-        return None
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 def low_load_rounds(run):
@@ -157,14 +117,13 @@ def low_load_rounds(run):
     for s in servers:
         lg, sp = [], []
         for r in range(1, rounds + 1):
-            q = find(pts, server=s, kind="low-load", round=r)
-            lat = (q or {}).get("latency") or {}
-            lg.append(lat["p50_ns"] / 1000 if lat.get("p50_ns") is not None else None)
-            q = find(pts, server=s, kind="sockperf-low-load", round=r)
+            q = cb.first(pts, server=s, kind="low-load", round=r)
+            lg.append(cb.ns_to_us(((q or {}).get("latency") or {}).get("p50_ns")))
+            q = cb.first(pts, server=s, kind="sockperf-low-load", round=r)
             sp.append(((q or {}).get("sockperf_latency") or {}).get("p50_us"))
         out["loadgen"][s] = lg
         out["sockperf"][s] = sp
-    out["median"] = {tool: {s: median([x for x in out[tool][s] if x is not None])
+    out["median"] = {tool: {s: cb.median(out[tool][s])
                             for s in servers} for tool in ("loadgen", "sockperf")}
     out["gaps"] = {}
     if "cpu" in servers:
@@ -175,69 +134,57 @@ def low_load_rounds(run):
                     continue
                 g = [None if a is None or b is None else a - b
                      for a, b in zip(out[tool][s], base)]
-                out["gaps"][f"{tool} {s}"] = {
-                    "per_round": g, "median": median([x for x in g if x is not None])}
+                out["gaps"][f"{tool} {s}"] = {"per_round": g, "median": cb.median(g)}
     return out
+
+
+def errors(q):
+    return " (errors)" if q["counts"]["wrong"] + q["counts"]["connection_errors"] else ""
 
 
 def markdown(run):
     pts = run["points"]
     servers = run["servers"].split()
     all_sizes = [int(s) for s in run["params"]["sizes"].split()]
-    lines = []
-    title = "# Caracal against the baselines"
-    lines.append(title)
-    lines.append("")
+    lines = ["# Caracal against the baselines", ""]
     if run.get("cpu_only"):
-        lines.append("**CPU-only smoke run: no GPU; Caracal's agent on the CPU accelerator. "
-                     "This shows that the script works end to end; the numbers say nothing about "
-                     "Caracal's performance.**")
-        lines.append("")
-    lines.append(f"- date (UTC): {run['date_utc']}, commit {run['commit']}")
-    lines.append(f"- GPU: {run['gpu'] or 'none'}; Caracal accelerator: {run['caracal_accelerator']}")
-    lines.append(f"- CPU: {run['cpu_model']} ({run['online_cpus']} CPUs), {run['kernel']}")
+        lines += ["**CPU-only smoke run: no GPU; Caracal's agent on the CPU accelerator. This "
+                  "shows that the script works end to end; the numbers say nothing about "
+                  "Caracal's performance.**", ""]
     p = run["params"]
-    lines.append(f"- {p['duration_s']} s per point after {p['warmup_s']} s warm-up; servers "
-                 f"with {p['server_threads']} I/O threads (snic_server: engine_threads "
-                 f"{p.get('engine_threads', 'default')}"
-                 + (f"; caracal_threads: engine_threads {p.get('engine_threads_alt', 2)}"
-                    if "caracal_threads" in servers else "")
-                 + f"); saturation = {p['sat_connections']} "
-                 f"connections x window {p['sat_window']} from {p['loadgen_threads']} loadgen "
-                 f"threads; host-centric batches up to {p['batch']} requests or "
-                 f"{p['batch_timeout_us']} us")
+    lines += [f"- date (UTC): {run['date_utc']}, commit {run['commit']}",
+              f"- GPU: {run['gpu'] or 'none'}; Caracal accelerator: {run['caracal_accelerator']}",
+              f"- CPU: {run['cpu_model']} ({run['online_cpus']} CPUs), {run['kernel']}",
+              f"- {p['duration_s']} s per point after {p['warmup_s']} s warm-up; servers "
+              f"with {p['server_threads']} I/O threads (snic_server: engine_threads "
+              f"{p.get('engine_threads', 'default')}"
+              + (f"; caracal_threads: engine_threads {p.get('engine_threads_alt', 2)}"
+                 if "caracal_threads" in servers else "")
+              + f"); saturation = {p['sat_connections']} connections x window "
+              f"{p['sat_window']} from {p['loadgen_threads']} loadgen threads; host-centric "
+              f"batches up to {p['batch']} requests or {p['batch_timeout_us']} us"]
     if run.get("failed_points"):
         lines.append(f"- **{run['failed_points']} points failed** (see raw/)")
     lines.append("")
 
     ll = run.get("low_load")
     if ll:
-        f1 = lambda x: "-" if x is None else f"{x:.1f}"
-        lines.append(f"## echo at low load, {ll['rounds']} rounds (UDP, 64 B, 1 connection, "
-                     "window 1): p50, us")
-        lines.append("")
-        lines.append("Measured before everything else, a fresh server each round, the servers "
-                     "taking turns (the first of each round alternating). A gap is the server's "
-                     "p50 less the CPU server's in the same round; the aim is read from the median "
-                     "gap, since one round moves by several us.")
-        lines.append("")
-        lines.append("| tool | server | " + " | ".join(f"round {r}" for r in
-                                                       range(1, ll["rounds"] + 1))
-                     + " | median |")
-        lines.append("|" + "---|" * (3 + ll["rounds"]))
+        lines += [f"## echo at low load, {ll['rounds']} rounds (UDP, 64 B, 1 connection, "
+                  "window 1): p50, us", "",
+                  "Measured before everything else, a fresh server each round, the servers "
+                  "taking turns (the first of each round alternating). A gap is the server's "
+                  "p50 less the CPU server's in the same round; the aim is read from the median "
+                  "gap, since one round moves by several us.", ""]
+        lines += cb.md_table(["tool", "server", *(f"round {r}" for r in range(1, ll["rounds"] + 1)),
+                              "median"], compact=True)
         for tool in ("loadgen", "sockperf"):
-            for s in ll["servers"]:
-                if all(x is None for x in ll[tool][s]):
-                    continue
-                lines.append(f"| {tool} | {s} | " + " | ".join(f1(x) for x in ll[tool][s])
-                             + f" | {f1(ll['median'][tool][s])} |")
-            for s in ll["servers"]:
-                g = ll["gaps"].get(f"{tool} {s}")
-                if not g or g["median"] is None:
-                    continue
-                lines.append(f"| {tool} | {s} - cpu | "
-                             + " | ".join(f1(x) for x in g["per_round"])
-                             + f" | **{f1(g['median'])}** |")
+            lines += [cb.md_row([tool, s] + [cb.num(x) for x in ll[tool][s]]
+                                + [cb.num(ll["median"][tool][s])])
+                      for s in ll["servers"] if any(x is not None for x in ll[tool][s])]
+            gaps = [(s, ll["gaps"].get(f"{tool} {s}")) for s in ll["servers"]]
+            lines += [cb.md_row([tool, f"{s} - cpu"] + [cb.num(x) for x in g["per_round"]]
+                                + [f"**{cb.num(g['median'])}**"])
+                      for s, g in gaps if g and g["median"] is not None]
         lines.append("")
 
     handlers = [h for h in ("echo", "matvec", "face") if any(q.get("handler") == h for q in pts)]
@@ -245,57 +192,51 @@ def markdown(run):
         # face has one request size, whatever SIZES says
         sizes = sorted({q["size"] for q in pts if q.get("handler") == handler
                         and q.get("kind") in ("latency", "saturation")}) or all_sizes
-        lines.append(f"## {handler}: latency at low load (1 connection, window 1), us")
-        lines.append("")
-        head = "| proto | size | " + " | ".join(f"{s} p50 | {s} p99 | {s} p99.9" for s in servers) + " |"
-        lines.append(head)
-        lines.append("|" + "---|" * (2 + 3 * len(servers)))
+        lines += [f"## {handler}: latency at low load (1 connection, window 1), us", ""]
+        lines += [cb.md_row(["proto", "size", " | ".join(f"{s} p50 | {s} p99 | {s} p99.9"
+                                                         for s in servers)]),
+                  cb.md_rule(2 + 3 * len(servers), compact=True)]
         for proto in ("udp", "tcp"):
             for size in sizes:
                 row = [proto, str(size)]
                 for s in servers:
-                    q = find(pts, server=s, handler=handler, proto=proto, size=size, kind="latency")
+                    q = cb.first(pts, server=s, handler=handler, proto=proto, size=size,
+                                 kind="latency")
                     lat = (q or {}).get("latency") or {}
-                    row += [us(lat.get("p50_ns")), us(lat.get("p99_ns")), us(lat.get("p999_ns"))]
-                lines.append("| " + " | ".join(row) + " |")
-        lines.append("")
-        lines.append(f"## {handler}: throughput at saturation (kreq/s, server CPU cores, "
-                     "kreq/s per core)")
-        lines.append("")
-        lines.append("| proto | size | " + " | ".join(f"{s} kreq/s | {s} cores | {s} per core"
-                                                      for s in servers) + " |")
-        lines.append("|" + "---|" * (2 + 3 * len(servers)))
+                    row += [cb.ns_as_us(lat.get(k)) for k in ("p50_ns", "p99_ns", "p999_ns")]
+                lines.append(cb.md_row(row))
+        lines += ["", f"## {handler}: throughput at saturation (kreq/s, server CPU cores, "
+                  "kreq/s per core)", ""]
+        lines += [cb.md_row(["proto", "size", " | ".join(f"{s} kreq/s | {s} cores | {s} per core"
+                                                         for s in servers)]),
+                  cb.md_rule(2 + 3 * len(servers), compact=True)]
         for proto in ("udp", "tcp"):
             for size in sizes:
                 row = [proto, str(size)]
                 for s in servers:
-                    q = find(pts, server=s, handler=handler, proto=proto, size=size,
-                             kind="saturation")
+                    q = cb.first(pts, server=s, handler=handler, proto=proto, size=size,
+                                 kind="saturation")
                     if not q or "throughput_rps" not in q:
                         row += ["-", "-", "-"]
                         continue
                     k = q["throughput_rps"] / 1000
                     c = q.get("cpu_cores") or 0
-                    bad = q["counts"]["wrong"] + q["counts"]["connection_errors"]
-                    mark = " (errors)" if bad else ""
-                    row += [f"{k:.1f}{mark}", f"{c:.2f}", f"{k / c:.1f}" if c > 0 else "-"]
-                lines.append("| " + " | ".join(row) + " |")
+                    row += [f"{k:.1f}{errors(q)}", f"{c:.2f}", f"{k / c:.1f}" if c > 0 else "-"]
+                lines.append(cb.md_row(row))
         lines.append("")
 
     # Face verification against the host-centric server: saturation, cores, and every server's
     # latency at the host-centric server's saturation rate (open loop, kind open-at-host_centric).
     ref = "host_centric"
     if "face" in handlers and ref in servers and "caracal" in servers:
-        lines.append("## face: Caracal against the host-centric server")
-        lines.append("")
-        lines.append("| proto | caracal kreq/s | caracal cores | host_centric kreq/s | "
-                     "host_centric cores | throughput ratio | per-core ratio | "
-                     + " | ".join(f"{s} p99 us at host_centric's saturation" for s in servers)
-                     + " |")
-        lines.append("|" + "---|" * (7 + len(servers)))
+        lines += ["## face: Caracal against the host-centric server", ""]
+        lines += cb.md_table(["proto", "caracal kreq/s", "caracal cores", "host_centric kreq/s",
+                              "host_centric cores", "throughput ratio", "per-core ratio"]
+                             + [f"{s} p99 us at host_centric's saturation" for s in servers],
+                             compact=True)
         for proto in ("udp", "tcp"):
-            c = find(pts, server="caracal", handler="face", proto=proto, kind="saturation")
-            h = find(pts, server=ref, handler="face", proto=proto, kind="saturation")
+            c = cb.first(pts, server="caracal", handler="face", proto=proto, kind="saturation")
+            h = cb.first(pts, server=ref, handler="face", proto=proto, kind="saturation")
             if not c or not h or "throughput_rps" not in c or "throughput_rps" not in h:
                 continue
             ck, hk = c["throughput_rps"] / 1000, h["throughput_rps"] / 1000
@@ -304,123 +245,105 @@ def markdown(run):
             row = [proto, f"{ck:.1f}", f"{cc:.2f}", f"{hk:.1f}", f"{hc:.2f}",
                    f"{ck / hk:.2f}x" if hk > 0 else "-", per_core]
             for s in servers:
-                q = find(pts, server=s, handler="face", proto=proto, kind=f"open-at-{ref}")
-                lat = (q or {}).get("latency") or {}
-                row.append(us(lat.get("p99_ns")))
-            lines.append("| " + " | ".join(row) + " |")
+                q = cb.first(pts, server=s, handler="face", proto=proto, kind=f"open-at-{ref}")
+                row.append(cb.ns_as_us(((q or {}).get("latency") or {}).get("p99_ns")))
+            lines.append(cb.md_row(row))
         lines.append("")
 
     sats = [q for q in pts if q.get("kind") == "saturation" and q.get("threads")]
     if sats:
-        lines.append("## Where the server cores go at saturation (cores per thread name)")
-        lines.append("")
-        lines.append("Threads of one name are summed (caracal-io: snic_server's I/O threads, "
-                     "caracal-engine: its engine, caracal_*_agent: the agent's main thread). "
-                     "The last column is the load generator's own CPU over the measured window, "
-                     "all its threads and the busiest one: a busiest thread near 1.00 means the "
-                     "client may be what limits the point.")
-        lines.append("")
-        lines.append("| server | handler | proto | size | cores | threads | client cores "
-                     "(busiest thread) |")
-        lines.append("|---|---|---|---|---|---|---|")
+        lines += ["## Where the server cores go at saturation (cores per thread name)", "",
+                  "Threads of one name are summed (caracal-io: snic_server's I/O threads, "
+                  "caracal-engine: its engine, caracal_*_agent: the agent's main thread). "
+                  "The last column is the load generator's own CPU over the measured window, "
+                  "all its threads and the busiest one: a busiest thread near 1.00 means the "
+                  "client may be what limits the point.", ""]
+        lines += cb.md_table(["server", "handler", "proto", "size", "cores", "threads",
+                              "client cores (busiest thread)"], compact=True)
         for q in sats:
             per = sorted(q["threads"].items(), key=lambda kv: -kv[1])
             cc = q.get("client_cpu")
-            client = (f"{cc['cores']:.2f} ({cc['busiest_thread_cores']:.2f})" if cc else "-")
-            lines.append(f"| {q['server']} | {q['handler']} | {q['proto']} | {q['size']} | "
-                         f"{q.get('cpu_cores') or 0:.2f} | "
-                         + ", ".join(f"{n} {c:.2f}" for n, c in per) + f" | {client} |")
+            lines.append(cb.md_row(
+                [q["server"], q["handler"], q["proto"], str(q["size"]),
+                 f"{q.get('cpu_cores') or 0:.2f}", ", ".join(f"{n} {c:.2f}" for n, c in per),
+                 f"{cc['cores']:.2f} ({cc['busiest_thread_cores']:.2f})" if cc else "-"]))
         lines.append("")
 
     profiled = [q for q in pts if q.get("profile_pct") and q.get("throughput_rps")
                 and q.get("cpu_cores")]
     if profiled:
-        lines.append("## Where a request's server CPU goes at saturation (perf), us per request")
-        lines.append("")
-        lines.append("The server's cores over its throughput, split by the share of perf's "
-                     "samples (cpu-clock) in each part (see `report.py`, perf_profile()). "
-                     "Server code is the servers' own binaries (for Caracal, snic_server and "
-                     "the agent); ring polling is the part of it that polls the agents' "
-                     "regions. Rest: other libraries, and symbols under 0.3% each. Sampling "
-                     "slows the servers a little: compare within a run.")
-        lines.append("")
-        lines.append("| server | handler | proto | size | us per request | "
-                     + " | ".join(PROFILE_PARTS) + " | rest |")
-        lines.append("|---|---|---|---|---|" + "---|" * (len(PROFILE_PARTS) + 1))
+        lines += ["## Where a request's server CPU goes at saturation (perf), us per request", "",
+                  "The server's cores over its throughput, split by the share of perf's "
+                  "samples (cpu-clock) in each part (see `report.py`, perf_profile()). "
+                  "Server code is the servers' own binaries (for Caracal, snic_server and "
+                  "the agent); ring polling is the part of it that polls the agents' "
+                  "regions. Rest: other libraries, and symbols under 0.3% each. Sampling "
+                  "slows the servers a little: compare within a run.", ""]
+        lines += cb.md_table(["server", "handler", "proto", "size", "us per request",
+                              *PROFILE_PARTS, "rest"], compact=True)
         for q in profiled:
             per_request = q["cpu_cores"] / q["throughput_rps"] * 1e6
             shares = q["profile_pct"]
             counted = sum(v for k, v in shares.items() if k != "ring polling")
-            cells = [f"{shares[k] / 100 * per_request:.2f}" for k in PROFILE_PARTS]
-            lines.append(f"| {q['server']} | {q['handler']} | {q['proto']} | {q['size']} | "
-                         f"{per_request:.2f} | " + " | ".join(cells)
-                         + f" | {(100 - counted) / 100 * per_request:.2f} |")
+            lines.append(cb.md_row(
+                [q["server"], q["handler"], q["proto"], str(q["size"]), f"{per_request:.2f}"]
+                + [f"{shares[k] / 100 * per_request:.2f}" for k in PROFILE_PARTS]
+                + [f"{(100 - counted) / 100 * per_request:.2f}"]))
         lines.append("")
 
     held = [q for q in pts if q.get("kind") == "held" and q.get("hold")]
     if held:
         ref = held[0]["hold"]["to"]
-        lines.append(f"## Caracal held to the cores of {ref} at saturation (cgroup CPU quota)")
-        lines.append("")
-        lines.append(f"Each point again, with snic_server and the agent in a cgroup whose CPU "
-                     f"quota is the cores {ref} used at the same point (rounded down to 0.01; "
-                     f"enforced every {held[0]['hold']['period_us'] / 1000:g} ms), a fresh "
-                     "server per point. Throttled: the enforcement periods in which the group "
-                     "ran out of its quota.")
-        lines.append("")
-        lines.append(f"| handler | proto | size | {ref} kreq/s | {ref} cores | held: I/O threads "
-                     "| held: quota | held: cores | held: kreq/s | held: p50 us | held: p99 us "
-                     f"| throttled | lost | held / {ref} |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines += [f"## Caracal held to the cores of {ref} at saturation (cgroup CPU quota)", "",
+                  f"Each point again, with snic_server and the agent in a cgroup whose CPU "
+                  f"quota is the cores {ref} used at the same point (rounded down to 0.01; "
+                  f"enforced every {held[0]['hold']['period_us'] / 1000:g} ms), a fresh "
+                  "server per point. Throttled: the enforcement periods in which the group "
+                  "ran out of its quota.", ""]
+        lines += cb.md_table(["handler", "proto", "size", f"{ref} kreq/s", f"{ref} cores",
+                              "held: I/O threads", "held: quota", "held: cores", "held: kreq/s",
+                              "held: p50 us", "held: p99 us", "throttled", "lost",
+                              f"held / {ref}"], compact=True)
         for q in held:
-            h = q["hold"]
-            r = find(pts, server=ref, handler=q["handler"], proto=q["proto"], size=q["size"],
-                     kind="saturation")
             if "throughput_rps" not in q:
                 continue
-            lat = q.get("latency") or {}
+            h, lat = q["hold"], q.get("latency") or {}
+            r = cb.first(pts, server=ref, handler=q["handler"], proto=q["proto"], size=q["size"],
+                         kind="saturation")
             rk = (r or {}).get("throughput_rps")
-            mark = " (errors)" if q["counts"]["wrong"] + q["counts"]["connection_errors"] else ""
-            lines.append(
-                f"| {q['handler']} | {q['proto']} | {q['size']} | "
-                + (f"{rk / 1000:.1f} | {r.get('cpu_cores') or 0:.2f}" if rk else "- | -")
-                + f" | {h['threads']} | {h['cores']:.2f} | {q.get('cpu_cores') or 0:.2f} | "
-                f"{q['throughput_rps'] / 1000:.1f}{mark} | {us(lat.get('p50_ns'))} | "
-                f"{us(lat.get('p99_ns'))} | {h['throttled']} of {h['periods']} | "
-                f"{q['counts']['lost']} | "
-                + (f"{q['throughput_rps'] / rk:.2f}x" if rk else "-") + " |")
+            lines.append(cb.md_row(
+                [q["handler"], q["proto"], str(q["size"])]
+                + ([f"{rk / 1000:.1f}", f"{r.get('cpu_cores') or 0:.2f}"] if rk else ["-", "-"])
+                + [str(h["threads"]), f"{h['cores']:.2f}", f"{q.get('cpu_cores') or 0:.2f}",
+                   f"{q['throughput_rps'] / 1000:.1f}{errors(q)}", cb.ns_as_us(lat.get("p50_ns")),
+                   cb.ns_as_us(lat.get("p99_ns")), f"{h['throttled']} of {h['periods']}",
+                   str(q["counts"]["lost"]), f"{q['throughput_rps'] / rk:.2f}x" if rk else "-"]))
         lines.append("")
 
     opens = [q for q in pts if str(q.get("kind", "")).startswith("open-") and "latency" in q]
     if opens:
-        lines.append("## Latency against offered load (open loop)")
-        lines.append("")
-        lines.append("| server | handler | proto | size | offered kreq/s | achieved kreq/s | "
-                     "p50 us | p99 us | lost |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
-        for q in opens:
-            lines.append(f"| {q['server']} | {q['handler']} | {q['proto']} | {q['size']} | "
-                         f"{q['offered_rps'] / 1000:.1f} | {q['throughput_rps'] / 1000:.1f} | "
-                         f"{us(q['latency']['p50_ns'])} | {us(q['latency']['p99_ns'])} | "
-                         f"{q['counts']['lost']} |")
+        lines += ["## Latency against offered load (open loop)", ""]
+        lines += cb.md_table(["server", "handler", "proto", "size", "offered kreq/s",
+                              "achieved kreq/s", "p50 us", "p99 us", "lost"], compact=True)
+        lines += [cb.md_row([q["server"], q["handler"], q["proto"], str(q["size"]),
+                             f"{q['offered_rps'] / 1000:.1f}", f"{q['throughput_rps'] / 1000:.1f}",
+                             cb.ns_as_us(q["latency"]["p50_ns"]),
+                             cb.ns_as_us(q["latency"]["p99_ns"]), str(q["counts"]["lost"])])
+                  for q in opens]
         lines.append("")
 
     sp = [q for q in pts if q.get("kind") == "sockperf"]
     if sp:
-        lines.append("## sockperf ping-pong (UDP, echo): the unmodified client, us")
-        lines.append("")
-        if all((q.get("sockperf_latency") or {}).get("round_trip") for q in sp):
-            lines.append("Round trips (`--full-rtt`), as loadgen measures them.")
-        else:
-            lines.append("sockperf's default: half the round trip, unlike loadgen's figures.")
-        lines.append("")
-        lines.append("| server | size | avg | p50 | p99 | p99.9 | dropped |")
-        lines.append("|---|---|---|---|---|---|---|")
-        for q in sp:
-            s = q.get("sockperf_latency") or {}
-            f = lambda k: f"{s[k]:.1f}" if k in s else "-"
-            lines.append(f"| {q['server']} | {q['size']} | {f('avg_us')} | {f('p50_us')} | "
-                         f"{f('p99_us')} | {f('p999_us')} | {s.get('dropped', '-')} |")
+        lines += ["## sockperf ping-pong (UDP, echo): the unmodified client, us", "",
+                  "Round trips (`--full-rtt`), as loadgen measures them."
+                  if all((q.get("sockperf_latency") or {}).get("round_trip") for q in sp) else
+                  "sockperf's default: half the round trip, unlike loadgen's figures.", ""]
+        lines += cb.md_table(["server", "size", "avg", "p50", "p99", "p99.9", "dropped"],
+                             [[q["server"], str(q["size"])]
+                              + [cb.num(s.get(k)) for k in ("avg_us", "p50_us", "p99_us",
+                                                            "p999_us")]
+                              + [str(s.get("dropped", "-"))]
+                              for q in sp for s in [q.get("sockperf_latency") or {}]], compact=True)
         lines.append("")
     return "\n".join(lines)
 
@@ -430,12 +353,8 @@ def main():
         sys.exit("usage: report.py RESULTS_DIR")
     results = sys.argv[1]
     run = load(results)
-    with open(os.path.join(results, "compare.json"), "w") as f:
-        json.dump(run, f, indent=2)
-        f.write("\n")
-    with open(os.path.join(results, "compare.md"), "w") as f:
-        f.write(markdown(run))
-        f.write("\n")
+    cb.write_json(os.path.join(results, "compare.json"), run, indent=2, newline=True)
+    cb.write_text(os.path.join(results, "compare.md"), markdown(run) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@ matplotlib, also RESULTS_DIR/threads-HANDLER-PROTO-SIZE.png (throughput, cores a
 requests per core and per busy core against io_threads, one colour per version).
 """
 import argparse
-import json
 import os
 import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import caracal_bench as cb  # noqa: E402
 
 # GPU time per request (us) for the table of GPUs kept busy: from a request that is only a
 # copy (about 1 us of a GPU) to one of a small model's inference (1 ms).
@@ -35,7 +38,7 @@ def load(results):
             m = re.fullmatch(r"t(\d+)", t)
             path = os.path.join(d, t, "compare.json")
             if m and os.path.exists(path):
-                runs[(name, int(m.group(1)))] = json.load(open(path))
+                runs[(name, int(m.group(1)))] = cb.read_json(path)
     return runs
 
 
@@ -61,8 +64,8 @@ def rows(runs):
                 # their count less the seconds per second they found no work.
                 "busy_cores": (max(0.0, threads - p["engine_idle_cores"])
                                if p.get("engine_idle_cores") is not None else None),
-                "p50_us": lat.get("p50_ns", 0) / 1000 if lat.get("p50_ns") else None,
-                "p99_us": lat.get("p99_ns", 0) / 1000 if lat.get("p99_ns") else None,
+                "p50_us": cb.ns_to_us(lat.get("p50_ns") or None),
+                "p99_us": cb.ns_to_us(lat.get("p99_ns") or None),
                 "errors": (p.get("counts") or {}).get("wrong", 0),
                 "lost": (p.get("counts") or {}).get("lost", 0),
                 "client_cpu": p.get("client_cpu"),
@@ -70,34 +73,18 @@ def rows(runs):
     return out
 
 
-def per_core(r):
-    if not r or not r.get("rps") or not r.get("server_cores"):
-        return None
-    return r["rps"] / r["server_cores"]
+def rps_per(cores):
+    """Requests a second per core of a row's CORES (server_cores, busy_cores, cpus_cores)."""
+    return lambda r: r["rps"] / r[cores] if r and r.get("rps") and r.get(cores) else None
 
 
-def per_busy_core(r):
-    if not r or not r.get("rps") or not r.get("busy_cores"):
-        return None
-    return r["rps"] / r["busy_cores"]
+per_core, per_busy_core, per_cpu = (rps_per(c) for c in ("server_cores", "busy_cores",
+                                                          "cpus_cores"))
 
 
-def per_cpu(r):
-    if not r or not r.get("rps") or not r.get("cpus_cores"):
-        return None
-    return r["rps"] / r["cpus_cores"]
-
-
-def f3(v):
-    return "-" if v is None else f"{v:.2f}"
-
-
-def k(v):
-    return "-" if v is None else f"{v / 1000:,.0f}k"
-
-
-def f2(v):
-    return "-" if v is None else f"{v:.1f}"
+def in_k(rps):
+    """Requests a second in whole thousands: 1,235k."""
+    return cb.rps_as_krps(rps, 0, "k")
 
 
 def agents_text(run_facts):
@@ -166,113 +153,89 @@ def markdown(run_facts, table, versions, args):
     out.append("")
     keys = sorted({(r["handler"], r["proto"], r["size"]) for r in table})
     for handler, proto, size in keys:
-        sat = {(r["version"], r["io_threads"]): r for r in table
-               if (r["handler"], r["proto"], r["size"], r["kind"]) ==
-               (handler, proto, size, "saturation")}
-        lat = {(r["version"], r["io_threads"]): r for r in table
-               if (r["handler"], r["proto"], r["size"], r["kind"]) ==
-               (handler, proto, size, "latency")}
+        sat, lat = ({(r["version"], r["io_threads"]): r for r in
+                     cb.matching(table, handler=handler, proto=proto, size=size, kind=kind)}
+                    for kind in ("saturation", "latency"))
         counts = sorted({t for _, t in sat})
         have = [v for v in versions if any((v, t) in sat for t in counts)]
         if not have:
             continue
-        out.append(f"## {handler}, {proto.upper()} {size} B")
-        out.append("")
+        out += [f"## {handler}, {proto.upper()} {size} B", ""]
         busy = any(r.get("busy_cores") is not None for r in sat.values())
         cpus = any(r.get("cpus_cores") is not None for r in sat.values())
-        head = "| io_threads |"
-        for v in have:
-            head += f" {v}: req/s | {v}: cores | {v}: req/s per core |"
-            if busy:
-                head += f" {v}: busy cores | {v}: req/s per busy core |"
-            if cpus:
-                head += f" {v}: server CPUs busy | {v}: req/s per busy CPU |"
-            head += f" {v}: p50 at 1 connection |"
-        out.append(head)
-        out.append("|" + " --- |" * (1 + (4 + 2 * busy + 2 * cpus) * len(have)))
+        out += cb.md_table(["io_threads"] + [
+            c for v in have for c in [f"{v}: req/s", f"{v}: cores", f"{v}: req/s per core"]
+            + [f"{v}: busy cores", f"{v}: req/s per busy core"] * busy
+            + [f"{v}: server CPUs busy", f"{v}: req/s per busy CPU"] * cpus
+            + [f"{v}: p50 at 1 connection"]])
         for t in counts:
-            line = f"| {t} |"
+            cells = [str(t)]
             for v in have:
                 r = sat.get((v, t))
-                line += f" {k(r and r['rps'])} | {f2(r and r['server_cores'])} | {k(per_core(r))} |"
+                cells += [in_k(r and r["rps"]), cb.num(r and r["server_cores"]), in_k(per_core(r))]
                 if busy:
-                    line += f" {f2(r and r.get('busy_cores'))} | {k(per_busy_core(r))} |"
+                    cells += [cb.num(r and r.get("busy_cores")), in_k(per_busy_core(r))]
                 if cpus:
-                    line += f" {f2(r and r.get('cpus_cores'))} | {k(per_cpu(r))} |"
-                line += f" {f2(lat.get((v, t), {}).get('p50_us'))} us |"
-            out.append(line)
+                    cells += [cb.num(r and r.get("cpus_cores")), in_k(per_cpu(r))]
+                cells.append(f"{cb.num(lat.get((v, t), {}).get('p50_us'))} us")
+            out.append(cb.md_row(cells))
         out.append("")
         if cpus:
-            out.append("Server CPUs busy: how busy the CPUs that the server and its agent were "
-                       "kept to (SERVER_CPUS) were over the point, whatever ran there: the "
-                       "processes, and the kernel's softirq work for packets taken in on them "
-                       "(/proc/stat).")
-            out.append("")
+            out += ["Server CPUs busy: how busy the CPUs that the server and its agent were kept "
+                    "to (SERVER_CPUS) were over the point, whatever ran there: the processes, "
+                    "and the kernel's softirq work for packets taken in on them (/proc/stat).", ""]
         if busy:
-            out.append("Busy cores: the I/O threads (each runs an engine thread) less the seconds "
-                       "per second they spent in rounds without work, spinning or asleep "
-                       "(`caracal_engine_idle_seconds_total` over the point).")
-            out.append("")
+            out += ["Busy cores: the I/O threads (each runs an engine thread) less the seconds "
+                    "per second they spent in rounds without work, spinning or asleep "
+                    "(`caracal_engine_idle_seconds_total` over the point).", ""]
 
     # OPEN_RATES: the same offered load at every thread count; what it cost.
     for handler, proto, size in keys:
-        opened = [r for r in table if (r["handler"], r["proto"], r["size"]) ==
-                  (handler, proto, size) and r["kind"].startswith("open-at-")]
+        opened = [r for r in cb.matching(table, handler=handler, proto=proto, size=size)
+                  if r["kind"].startswith("open-at-")]
         rates = sorted({int(r["kind"][len("open-at-"):]) for r in opened})
         if not rates:
             continue
-        out.append(f"## The same load at every thread count: {handler}, {proto.upper()} {size} B")
-        out.append("")
-        out.append("Open loop at a fixed rate: the cores it took and the busy time per request "
-                   "(busy cores / req/s), by io_threads. Equal busy time per request at every "
-                   "count: more threads cost nothing per request; more threads than the load "
-                   "needs wait (idle) rather than work.")
-        out.append("")
-        head = "| io_threads |"
-        for v in versions:
-            for rate in rates:
-                head += (f" {v} at {k(rate)}: req/s | cores | busy cores | busy us per request |"
-                         " p99 |")
-        out.append(head)
-        out.append("|" + " --- |" * (1 + 5 * len(versions) * len(rates)))
-        counts = sorted({r["io_threads"] for r in opened})
-        for t in counts:
-            line = f"| {t} |"
+        out += [f"## The same load at every thread count: {handler}, {proto.upper()} {size} B", "",
+                "Open loop at a fixed rate: the cores it took and the busy time per request "
+                "(busy cores / req/s), by io_threads. Equal busy time per request at every "
+                "count: more threads cost nothing per request; more threads than the load "
+                "needs wait (idle) rather than work.", ""]
+        out += cb.md_table(["io_threads"] + [c for v in versions for rate in rates for c in (
+            f"{v} at {in_k(rate)}: req/s", "cores", "busy cores", "busy us per request", "p99")])
+        for t in sorted({r["io_threads"] for r in opened}):
+            cells = [str(t)]
             for v in versions:
                 for rate in rates:
-                    r = next((x for x in opened if (x["version"], x["io_threads"], x["kind"]) ==
-                              (v, t, f"open-at-{rate}")), None)
+                    r = cb.first(opened, version=v, io_threads=t, kind=f"open-at-{rate}")
                     us = (r["busy_cores"] / r["rps"] * 1e6
                           if r and r.get("busy_cores") is not None and r.get("rps") else None)
                     p99 = r and r.get("p99_us")
-                    line += (f" {k(r and r['rps'])} | {f2(r and r['server_cores'])} | "
-                             f"{f3(r and r.get('busy_cores'))} | {f2(us)} | "
-                             f"{'-' if p99 is None else f'{p99:,.0f} us'} |")
-            out.append(line)
+                    cells += [in_k(r and r["rps"]), cb.num(r and r["server_cores"]),
+                              cb.num(r and r.get("busy_cores"), 2), cb.num(us),
+                              "-" if p99 is None else f"{p99:,.0f} us"]
+            out.append(cb.md_row(cells))
         out.append("")
 
     # The ceiling per core: the best requests per second per server core at saturation of the
     # last version named (the new one), with the I/O thread count it was reached at.
     new = versions[-1]
-    out.append(f"## Requests per second per server core at saturation ({new})")
-    out.append("")
-    out.append("| handler, protocol, size | best req/s per core (io_threads, req/s, cores) | "
-               "at 8 I/O threads | at 16 | at 32 |")
-    out.append("| --- | --- | --- | --- | --- |")
+    out += [f"## Requests per second per server core at saturation ({new})", ""]
+    out += cb.md_table(["handler, protocol, size", "best req/s per core (io_threads, req/s, cores)",
+                        "at 8 I/O threads", "at 16", "at 32"])
     ceiling = {}
     for handler, proto, size in keys:
-        sat = [r for r in table if (r["version"], r["handler"], r["proto"], r["size"],
-                                    r["kind"]) == (new, handler, proto, size, "saturation")]
+        sat = cb.matching(table, version=new, handler=handler, proto=proto, size=size,
+                          kind="saturation")
         best = max(sat, key=lambda r: per_core(r) or 0, default=None)
         if not best or not per_core(best):
             continue
         ceiling[(handler, proto, size)] = best
         by_t = {r["io_threads"]: r for r in sat}
-        line = (f"| {handler}, {proto.upper()} {size} B | **{k(per_core(best))}** "
-                f"({best['io_threads']}, {k(best['rps'])}, {f2(best['server_cores'])}) |")
-        for t in (8, 16, 32):
-            line += f" {k(per_core(by_t.get(t)))} |"
-        out.append(line)
+        out.append(cb.md_row([f"{handler}, {proto.upper()} {size} B",
+                              f"**{in_k(per_core(best))}** ({best['io_threads']}, "
+                              f"{in_k(best['rps'])}, {cb.num(best['server_cores'])})"]
+                             + [in_k(per_core(by_t.get(t))) for t in (8, 16, 32)]))
     out.append("")
 
     # GPUs one server keeps busy: a GPU that spends g us on each request serves 1e6/g requests a
@@ -281,55 +244,37 @@ def markdown(run_facts, table, versions, args):
         ref = ceiling.get(("matvec", "udp", 1024)) or next(iter(ceiling.values()))
         rate = per_core(ref)
         label = f"{ref['handler']}, {ref['proto'].upper()} {ref['size']} B"
-        out.append("## GPUs one server keeps busy")
-        out.append("")
-        out.append(f"A GPU that spends g us on each request serves 10^6 / g requests a second; a "
-                   f"server that sustains R requests a second keeps R x g / 10^6 of them busy. "
-                   f"R here is the best per-core rate above for {label} ({k(rate)} req/s per "
-                   f"core) times k cores: measured where the run had k cores' worth of I/O "
-                   f"threads, and for a BlueField-3 computed with {args.bf3_cores} Arm cores "
-                   f"each doing {args.arm_factor} of the work of a core here.")
-        out.append("")
-        head = "| server | R (req/s) |" + "".join(f" g = {g} us |" for g in GPU_US)
-        out.append(head)
-        out.append("|" + " --- |" * (2 + len(GPU_US)))
-        sat = {r["io_threads"]: r for r in table
-               if (r["version"], r["handler"], r["proto"], r["size"], r["kind"]) ==
-               (new, ref["handler"], ref["proto"], ref["size"], "saturation")}
-        for t in sorted(sat):
-            r = sat[t]
-            if not r.get("rps"):
-                continue
-            line = (f"| measured: {t} I/O threads ({f2(r['server_cores'])} cores) | "
-                    f"{k(r['rps'])} |")
-            line += "".join(f" {r['rps'] * g / 1e6:.1f} |" for g in GPU_US)
-            out.append(line)
-        for cores in (8, 16, 32, 64):
-            rr = rate * cores
-            line = f"| {cores} cores here, at the per-core ceiling | {k(rr)} |"
-            line += "".join(f" {rr * g / 1e6:.1f} |" for g in GPU_US)
-            out.append(line)
-        rr = rate * args.bf3_cores * args.arm_factor
-        line = f"| BlueField-3, {args.bf3_cores} Arm cores x {args.arm_factor} | {k(rr)} |"
-        line += "".join(f" {rr * g / 1e6:.1f} |" for g in GPU_US)
-        out.append(line)
-        out.append("")
+        out += ["## GPUs one server keeps busy", "",
+                f"A GPU that spends g us on each request serves 10^6 / g requests a second; a "
+                f"server that sustains R requests a second keeps R x g / 10^6 of them busy. "
+                f"R here is the best per-core rate above for {label} ({in_k(rate)} req/s per "
+                f"core) times k cores: measured where the run had k cores' worth of I/O "
+                f"threads, and for a BlueField-3 computed with {args.bf3_cores} Arm cores "
+                f"each doing {args.arm_factor} of the work of a core here.", ""]
+        out += cb.md_table(["server", "R (req/s)"] + [f"g = {g} us" for g in GPU_US])
+
+        def gpus_row(server, rps):
+            return cb.md_row([server, in_k(rps)] + [f"{rps * g / 1e6:.1f}" for g in GPU_US])
+        sat = {r["io_threads"]: r for r in cb.matching(
+            table, version=new, handler=ref["handler"], proto=ref["proto"], size=ref["size"],
+            kind="saturation")}
+        out += [gpus_row(f"measured: {t} I/O threads ({cb.num(sat[t]['server_cores'])} cores)",
+                         sat[t]["rps"]) for t in sorted(sat) if sat[t].get("rps")]
+        out += [gpus_row(f"{cores} cores here, at the per-core ceiling", rate * cores)
+                for cores in (8, 16, 32, 64)]
+        out += [gpus_row(f"BlueField-3, {args.bf3_cores} Arm cores x {args.arm_factor}",
+                         rate * args.bf3_cores * args.arm_factor), ""]
     return "\n".join(out)
 
 
 def plot(results, table, versions):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("threads_report.py: no matplotlib; no plots")
+    plt = cb.pyplot("threads_report.py")
+    if plt is None:
         return []
     made = []
     keys = sorted({(r["handler"], r["proto"], r["size"]) for r in table})
     for handler, proto, size in keys:
-        sat = [r for r in table if (r["handler"], r["proto"], r["size"], r["kind"]) ==
-               (handler, proto, size, "saturation")]
+        sat = cb.matching(table, handler=handler, proto=proto, size=size, kind="saturation")
         fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
         for i, v in enumerate(versions):
             pts = sorted((r["io_threads"], r) for r in sat if r["version"] == v and r["rps"])
@@ -348,19 +293,12 @@ def plot(results, table, versions):
                        linestyle="--", color=color, label=f"{v}: busy cores")
                 c.plot([t for t, _ in busy], [per_busy_core(r) / 1000 for _, r in busy],
                        marker="x", linestyle="--", color=color, label=f"{v}: per busy core")
-        a.set_ylabel("k requests/s at saturation")
-        b.set_ylabel("snic_server cores")
-        c.set_ylabel("k requests/s per core")
-        for ax in (a, b, c):
-            ax.set_xlabel("io_threads")
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+        for ax, ylabel in zip((a, b, c), ("k requests/s at saturation", "snic_server cores",
+                                          "k requests/s per core")):
+            cb.style_axes(ax, legend_size=8, xlabel="io_threads", ylabel=ylabel, ylim=(0, None))
         fig.suptitle(f"snic_server, {handler} over {proto.upper()} at {size} B")
-        fig.tight_layout()
         path = os.path.join(results, f"threads-{handler}-{proto}-{size}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        cb.save_figure(plt, fig, path, dpi=110)
         made.append(path)
     return made
 
@@ -402,10 +340,10 @@ def main():
         if v != "off":
             steering[n] = v
     facts["netns_versions"] = {n: steering[n] for n in versions if n in steering}
-    json.dump({"facts": facts, "versions": versions, "points": table},
-              open(os.path.join(args.results, "threads.json"), "w"), indent=1)
+    cb.write_json(os.path.join(args.results, "threads.json"),
+                  {"facts": facts, "versions": versions, "points": table})
     text = markdown(facts, table, versions, args)
-    open(os.path.join(args.results, "threads.md"), "w").write(text + "\n")
+    cb.write_text(os.path.join(args.results, "threads.md"), text + "\n")
     print(text)
     for p in plot(args.results, table, versions):
         print("wrote", p)

@@ -17,12 +17,13 @@ import os
 import platform
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import caracal_bench as cb  # noqa: E402
 
 BUILD = os.path.realpath(sys.argv[1]) if len(sys.argv) > 1 else sys.exit(__doc__)
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,13 +47,10 @@ def wait_for(path, pattern, seconds=20):
 
 
 def per_socket(metrics_port):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
-    got = {}
-    for line in text.decode().splitlines():
-        if line.startswith("caracal_listener_socket_datagrams_total{"):
-            sock = int(re.search(r'socket="(\d+)"', line).group(1))
-            got[sock] = int(float(line.rsplit(" ", 1)[1]))
-    return got
+    page = cb.metrics_page(f"http://127.0.0.1:{metrics_port}/metrics")
+    return {int(labels["socket"]): int(v) for name, labels, v in
+            cb.metric_samples(page.splitlines())
+            if name == "caracal_listener_socket_datagrams_total"}
 
 
 def trial(port, flows):
@@ -121,9 +119,9 @@ def main():
                             idle.append(sum(1 for g in got if g == 0))
                             busiest.append(max(got) / even if even else 0.0)
                         point = {"io_threads": threads, "spread": spread, "flows": flows,
-                                 "idle_sockets_median": statistics.median(idle),
+                                 "idle_sockets_median": cb.median(idle),
                                  "idle_sockets_max": max(idle),
-                                 "busiest_over_even_median": round(statistics.median(busiest), 2),
+                                 "busiest_over_even_median": round(cb.median(busiest), 2),
                                  "busiest_over_even_max": round(max(busiest), 2),
                                  "replies_missing": missing}
                         points.append(point)
@@ -135,9 +133,9 @@ def main():
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     commit = subprocess.run(["git", "-C", SRC, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "?"
-    with open(os.path.join(OUT, "udp-spread.json"), "w") as f:
-        json.dump({"machine": machine, "date": when, "commit": commit, "trials": TRIALS,
-                   "datagrams_per_flow": DATAGRAMS, "points": points}, f, indent=1)
+    cb.write_json(os.path.join(OUT, "udp-spread.json"),
+                  {"machine": machine, "date": when, "commit": commit, "trials": TRIALS,
+                   "datagrams_per_flow": DATAGRAMS, "points": points})
     lines = [
         "# snic_server: UDP datagrams dealt among a listener's sockets",
         "",
@@ -147,24 +145,18 @@ def main():
         "(largest in brackets). `spread: flows` (the default) is the kernel's SO_REUSEPORT "
         "hash of the sender's address and port, `datagrams` a random socket per datagram.",
         "",
-        "| io_threads | flows | idle sockets, flows | idle sockets, datagrams "
-        "| busiest over even share, flows | busiest over even share, datagrams |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    ] + cb.md_table(["io_threads", "flows"] + [f"{what}, {s}" for what in (
+        "idle sockets", "busiest over even share") for s in ("flows", "datagrams")])
+
     def cell(threads, flows, spread, key):
-        for p in points:
-            if (p["io_threads"], p["flows"], p["spread"]) == (threads, flows, spread):
-                return f"{p[key + '_median']} ({p[key + '_max']})"
-        return ""
-    for threads in IO_THREADS:
-        for flows in FLOWS:
-            lines.append(f"| {threads} | {flows} | " + " | ".join(
-                cell(threads, flows, s, k) for k in ("idle_sockets", "busiest_over_even")
-                for s in ("flows", "datagrams")) + " |")
+        p = cb.first(points, io_threads=threads, flows=flows, spread=spread)
+        return f"{p[key + '_median']} ({p[key + '_max']})" if p else ""
+    lines += [cb.md_row([str(threads), str(flows)] + [
+        cell(threads, flows, s, k) for k in ("idle_sockets", "busiest_over_even")
+        for s in ("flows", "datagrams")]) for threads in IO_THREADS for flows in FLOWS]
     missing = sum(p["replies_missing"] for p in points)
     lines += ["", f"Replies that did not come: {missing}."]
-    with open(os.path.join(OUT, "udp-spread.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    cb.write_text(os.path.join(OUT, "udp-spread.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 1 if missing else 0
 

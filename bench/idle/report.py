@@ -2,48 +2,27 @@
 """The report of bench/idle/run.sh: per idle policy, the median over the rounds of the idle
 agent's and server's cores and of sockperf's round-trip percentiles, busy and sparse, then every
 round. Usage: report.py RAW_DIR COMMIT MACHINE DATE IDLE_S DURATION SPARSE_MPS"""
-import json
 import os
-import re
-import statistics
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import caracal_bench as cb  # noqa: E402
 
 raw, commit, machine, date, idle_s, duration, sparse_mps = sys.argv[1:8]
 
 
-def sockperf(path):
-    """Round-trip percentiles (us) and message counts from sockperf ping-pong --full-rtt."""
-    out = {}
-    try:
-        text = open(os.path.join(raw, path), encoding="utf-8", errors="replace").read()
-    except OSError:
-        return out
-    for m in re.finditer(r"percentile\s+([0-9.]+)\s*=\s*([0-9.]+)", text):
-        out[f"p{float(m.group(1)):g}"] = float(m.group(2))
-    m = re.search(r"<MAX> observation\s*=\s*([0-9.]+)", text)
-    if m:
-        out["max"] = float(m.group(1))
-    m = re.search(r"\[Valid Duration\].*SentMessages=(\d+); ReceivedMessages=(\d+)", text)
-    if m:
-        out["sent"], out["received"] = int(m.group(1)), int(m.group(2))
-    return out
+def round_trips(path):
+    """sockperf --full-rtt's round trips (us: p50, p99, max) and messages sent and received."""
+    s = cb.sockperf(os.path.join(raw, path))
+    pct = s.get("percentile_us", {})
+    return {"p50": pct.get(50), "p99": pct.get(99), "max": s.get("max_us"),
+            "sent": s.get("sent", "-"), "received": s.get("received", "-")}
 
 
-rounds = [json.loads(l) for l in open(os.path.join(raw, "rounds.jsonl")) if l.strip()]
+rounds = cb.read_jsonl(os.path.join(raw, "rounds.jsonl"))
 for r in rounds:
-    r["busy_rtt"] = sockperf(r["busy"])
-    r["sparse_rtt"] = sockperf(r["sparse"])
+    r["busy_rtt"], r["sparse_rtt"] = round_trips(r["busy"]), round_trips(r["sparse"])
 policies = list(dict.fromkeys(r["policy"] for r in rounds))
-
-
-def med(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def fmt(v, digits=1):
-    return "-" if v is None else f"{v:.{digits}f}"
-
 
 print("# An idle CPU agent: cores and round trips by idle policy\n")
 print(f"`bench/idle/run.sh`, {date}, commit {commit}; {machine}.\n")
@@ -60,23 +39,21 @@ print("- `backoff`: the agent's defaults: full-speed polling for `cpu.idle_spin_
       "(1000 us).\n")
 print("| policy | idle agent cores | idle server cores | busy p50 | busy p99 | sparse p50 | "
       "sparse p99 | sparse max |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print(cb.md_rule(8))
 for p in policies:
-    rs = [r for r in rounds if r["policy"] == p]
-    print(f"| {p} | {fmt(med(r['idle_agent_cores'] for r in rs), 3)} "
-          f"| {fmt(med(r['idle_server_cores'] for r in rs), 3)} "
-          f"| {fmt(med(r['busy_rtt'].get('p50') for r in rs))} "
-          f"| {fmt(med(r['busy_rtt'].get('p99') for r in rs))} "
-          f"| {fmt(med(r['sparse_rtt'].get('p50') for r in rs))} "
-          f"| {fmt(med(r['sparse_rtt'].get('p99') for r in rs))} "
-          f"| {fmt(med(r['sparse_rtt'].get('max') for r in rs))} |")
+    rs = cb.matching(rounds, policy=p)
+    print(cb.md_row([p] + [cb.num(cb.median(r[k] for r in rs), 3)
+                           for k in ("idle_agent_cores", "idle_server_cores")]
+                    + [cb.num(cb.median(r[t][k] for r in rs)) for t, k in (
+                        ("busy_rtt", "p50"), ("busy_rtt", "p99"), ("sparse_rtt", "p50"),
+                        ("sparse_rtt", "p99"), ("sparse_rtt", "max"))]))
 print("\nEvery round (raw sockperf output and the processes' logs in `raw/`):\n")
 print("| policy | round | idle agent cores | idle server cores | busy p50 | busy p99 | "
       "busy replies | sparse p50 | sparse p99 | sparse replies |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print(cb.md_rule(10))
 for r in rounds:
     b, s = r["busy_rtt"], r["sparse_rtt"]
     print(f"| {r['policy']} | {r['round']} | {r['idle_agent_cores']:.3f} | "
-          f"{r['idle_server_cores']:.3f} | {fmt(b.get('p50'))} | {fmt(b.get('p99'))} | "
-          f"{b.get('received', '-')}/{b.get('sent', '-')} | {fmt(s.get('p50'))} | "
-          f"{fmt(s.get('p99'))} | {s.get('received', '-')}/{s.get('sent', '-')} |")
+          f"{r['idle_server_cores']:.3f} | {cb.num(b['p50'])} | {cb.num(b['p99'])} | "
+          f"{b['received']}/{b['sent']} | {cb.num(s['p50'])} | "
+          f"{cb.num(s['p99'])} | {s['received']}/{s['sent']} |")

@@ -16,10 +16,15 @@ scripts/deps.sh run
 
 # Every option this command relies on is set here, whatever an earlier configure of build/ left
 # in its cache (scripts/test.sh configures the same folder with the tests on).
+# CARACAL_WERROR (ON or OFF), when set, is passed on; unset, the cache keeps what the last
+# configure chose (scripts/test.sh turns it on), so neither command recompiles the other's work.
 mkdir -p build
 log=build/configure-run.log
+werror=()
+[ -n "${CARACAL_WERROR:-}" ] && werror=(-DCARACAL_WERROR="$CARACAL_WERROR")
 if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
-  -DCARACAL_BUILD_BENCH=OFF -DCARACAL_SANITIZE= -DCARACAL_ENGINE_PROFILE=OFF >"$log" 2>&1; then
+  -DCARACAL_BUILD_BENCH=OFF -DCARACAL_SANITIZE= -DCARACAL_ENGINE_PROFILE=OFF "${werror[@]}" \
+  >"$log" 2>&1; then
   cat "$log" >&2
   echo "run.sh: configuring the build failed; CMake's output is above and in $log" >&2
   exit 1

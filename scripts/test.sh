@@ -45,7 +45,8 @@ if [ -n "$sanitize" ]; then
 else
   # build/ is scripts/run.sh's folder too, at the same build type, so that running one command
   # after the other rebuilds little: after run.sh, what run.sh built is compiled again with
-  # warnings as errors; run.sh after this rebuilds nothing.
+  # warnings as errors (unless run.sh had CARACAL_WERROR=ON, as in CI); run.sh after this
+  # rebuilds nothing.
   build="build"
   # Warnings are errors in this build, the one every test run makes: a new warning fails it.
   cmake_args+=(-DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_BENCH=ON -DCARACAL_SANITIZE=

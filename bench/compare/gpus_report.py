@@ -225,7 +225,7 @@ def machine_section(run, md):
         mc = p.get("memcached_cores")
         md.append(cb.md_row([p["server"], p["proto"], str(p["accelerators"]),
                              cb.rps_as_krps(p.get("throughput_rps")), f"{p['cpu_cores']:.1f}"]
-                            + [f"{mc:.1f}"] * face
+                            + ([f"{mc:.1f}"] if face else [])
                             + [cb.num((p.get("client_cpu") or {}).get("cores")),
                                f"{p['machine_cores']:.1f}",
                                f"{run['online_cpus'] - p['machine_cores']:.1f}"]))

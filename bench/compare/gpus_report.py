@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The report of a bench/compare/gpus.sh run, and the metric scrapes the script takes as it runs.
+"""The report of a bench/compare/run.sh gpus run, and the metric scrapes the driver takes as it
+runs.
 
     gpus_report.py RESULTS_DIR                     gpus.json, gpus.md and, with matplotlib, plots
     gpus_report.py --page URL                      the metrics page, now
@@ -130,7 +131,7 @@ def workload(run):
 
 
 def pinning(params):
-    """Where gpus.sh kept the processes (SERVER_CPUS, CLIENT_CPUS, MEMCACHED_CPUS), if it did."""
+    """Where run.sh kept the processes (SERVER_CPUS, CLIENT_CPUS, MEMCACHED_CPUS), if it did."""
     kept = [f"{who} on CPUs {params[key]}" for who, key in
             (("the servers and agents", "server_cpus"), ("the client", "client_cpus"),
              ("memcached", "memcached_cpus")) if params.get(key)]
@@ -419,7 +420,7 @@ def plots(run, results):
 
 def report(results):
     run = load(results)
-    md = ["# One server, every accelerator: gpus.sh", ""]
+    md = ["# One server, every accelerator: run.sh gpus", ""]
     md.append(f"{run['date_utc']}, commit {run['commit']}, {run['cpu_model']} "
               f"({run['online_cpus']} CPUs), {run['kernel']}; accelerators: "
               + (f"{run['accelerators']} CPU agents (a CPU-only smoke run: measures nothing)"

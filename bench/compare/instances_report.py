@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""instances.sh's report: RESULTS_DIR/instances.json and instances.md.
+"""The report of a bench/compare/run.sh instances run: RESULTS_DIR/instances.json and
+instances.md.
 
     bench/compare/instances_report.py RESULTS_DIR
 

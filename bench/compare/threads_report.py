@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Gathers a bench/compare/threads.sh run: throughput and cores against io_threads.
+"""Gathers a bench/compare/run.sh threads run: throughput and cores against io_threads.
 
     threads_report.py RESULTS_DIR [--arm-factor F] [--bf3-cores K]
 
@@ -313,18 +313,18 @@ def main():
     if not runs:
         raise SystemExit(f"threads_report.py: no NAME/tCOUNT/compare.json under {args.results}")
     table = rows(runs)
-    # Versions in the order threads.sh was given them, as the results name them; the first
+    # Versions in the order run.sh was given them, as the results name them; the first
     # is the baseline.
     versions = sorted({n for n, _ in runs}, key=lambda n: (n != "old", n))
     facts = next(iter(runs.values()))
     facts = {key: facts.get(key) for key in ("date_utc", "gpu", "cpu_model", "online_cpus",
                                              "caracal_accelerator", "kernel", "params")}
     # Where each thread count's server and client were kept (run.sh's SERVER_CPUS and
-    # CLIENT_CPUS; threads.sh's PIN may give each count its own), and which versions had their
+    # CLIENT_CPUS; run.sh's PIN may give each count its own), and which versions had their
     # client in a network namespace.
     facts["pinned"] = {t: (r["params"]["server_cpus"], r["params"].get("client_cpus"))
                        for (_, t), r in runs.items() if (r.get("params") or {}).get("server_cpus")}
-    # threads.sh's SAT_PER_THREAD: the same connections per I/O thread at every count.
+    # run.sh's SAT_PER_THREAD: the same connections per I/O thread at every count.
     ratios = {r["params"]["sat_connections"] / t for (_, t), r in runs.items()
               if (r.get("params") or {}).get("sat_connections")}
     facts["sat_per_thread"] = (int(next(iter(ratios))) if len(ratios) == 1 and len(

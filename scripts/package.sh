@@ -3,21 +3,44 @@
 # architecture into build-package/packages/, from a Release build configured for /usr, and
 # checks them with lintian when it is installed.
 #
-#   scripts/package.sh            # installs what the build needs (deps.sh run), builds, packs
-#   BUILD=dir scripts/package.sh  # another build folder
+#   scripts/package.sh              # installs what the build needs (deps.sh run), builds, packs
+#   BUILD=dir scripts/package.sh    # another build folder
+#   scripts/package.sh --from build # packs an existing Release build of this tree (CI's way)
+#
+# --from DIR takes a folder that scripts/test.sh or scripts/run.sh configured and built: only its
+# install prefix is set to /usr (nothing compiled depends on it) and what is missing is built, so
+# CI compiles the packaged programs once. Its tests and benchmarks stay configured; they install
+# nothing, so the packages are the same as from a folder of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-package}
+from=0
+case "${1:-}" in
+  --from)
+    BUILD=${2:?"package.sh: --from needs a build folder"}
+    from=1
+    shift 2
+    ;;
+esac
 scripts/deps.sh run
-# CMake's default generator (Unix Makefiles), as a user who types the two cmake lines gets: the
-# other builds use Ninja, so this one keeps the default generator building. A folder that an
-# earlier run configured with another generator is made anew (CMake refuses to switch).
-if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -qx 'CMAKE_GENERATOR:INTERNAL=Unix Makefiles' "$BUILD/CMakeCache.txt"; then
-  rm -rf "$BUILD"
+if [ $from = 1 ]; then
+  [ -f "$BUILD/CMakeCache.txt" ] || { echo "package.sh: $BUILD is not a configured build" >&2; exit 2; }
+  grep -qx 'CMAKE_BUILD_TYPE:STRING=Release' "$BUILD/CMakeCache.txt" &&
+    grep -qx 'CARACAL_SANITIZE:STRING=' "$BUILD/CMakeCache.txt" &&
+    ! grep -qx 'CARACAL_ENGINE_PROFILE:BOOL=ON' "$BUILD/CMakeCache.txt" ||
+    { echo "package.sh: $BUILD is not a plain Release build (no sanitizer, no engine profile)" >&2; exit 2; }
+  cmake -S . -B "$BUILD" -DCMAKE_INSTALL_PREFIX=/usr "$@"
+else
+  # CMake's default generator (Unix Makefiles), as a user who types the two cmake lines gets. A
+  # folder that an earlier run configured with another generator is made anew (CMake refuses to
+  # switch).
+  if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -qx 'CMAKE_GENERATOR:INTERNAL=Unix Makefiles' "$BUILD/CMakeCache.txt"; then
+    rm -rf "$BUILD"
+  fi
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
+    -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF -DCARACAL_SANITIZE= \
+    -DCMAKE_SKIP_BUILD_RPATH=ON "$@"
 fi
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
-  -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF -DCARACAL_SANITIZE= \
-  -DCMAKE_SKIP_BUILD_RPATH=ON "$@"
 cmake --build "$BUILD" -j "$(nproc)"
 rm -rf "$BUILD/packages"
 cpack --config "$BUILD/CPackConfig.cmake" -B "$BUILD/packages"

@@ -18,11 +18,13 @@ scripts/deps.sh run
 # in its cache (scripts/test.sh configures the same folder with the tests on).
 # CARACAL_WERROR (ON or OFF), when set, is passed on; unset, the cache keeps what the last
 # configure chose (scripts/test.sh turns it on), so neither command recompiles the other's work.
+# The generator is CMake's default (Unix Makefiles, or CMAKE_GENERATOR), as for a user who types
+# the two cmake lines; a build/ made earlier keeps the generator it was made with.
 mkdir -p build
 log=build/configure-run.log
 werror=()
 [ -n "${CARACAL_WERROR:-}" ] && werror=(-DCARACAL_WERROR="$CARACAL_WERROR")
-if ! cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
+if ! cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
   -DCARACAL_BUILD_BENCH=OFF -DCARACAL_SANITIZE= -DCARACAL_ENGINE_PROFILE=OFF "${werror[@]}" \
   >"$log" 2>&1; then
   cat "$log" >&2

@@ -27,9 +27,13 @@ scripts/deps.sh test
 jobs=$(nproc)
 # Every option this command relies on is set here, whatever an earlier configure of the same
 # build folder left in its cache (scripts/run.sh configures build/ without the tests).
-cmake_args=(-G Ninja -DCARACAL_BUILD_TESTS=ON)
+cmake_args=(-DCARACAL_BUILD_TESTS=ON)
 if [ -n "$sanitize" ]; then
   build="build-$sanitize"
+  # A folder of its own: Ninja, unless an earlier run made it with another generator.
+  if ! [ -f "$build/CMakeCache.txt" ] || grep -qx 'CMAKE_GENERATOR:INTERNAL=Ninja' "$build/CMakeCache.txt"; then
+    cmake_args+=(-G Ninja)
+  fi
   cmake_args+=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
   # Sanitizer builds cover host code; the CUDA object and the benchmarks add nothing there.
   # They are built to run the tests, not to be fast: -Og and line tables only (what sanitizer
@@ -43,10 +47,12 @@ if [ -n "$sanitize" ]; then
     *) cmake_args+=(-DCARACAL_ENGINE_PROFILE=OFF) ;;
   esac
 else
-  # build/ is scripts/run.sh's folder too, at the same build type, so that running one command
-  # after the other rebuilds little: after run.sh, what run.sh built is compiled again with
-  # warnings as errors (unless run.sh had CARACAL_WERROR=ON, as in CI); run.sh after this
-  # rebuilds nothing.
+  # build/ is scripts/run.sh's folder too, at the same build type and with the same generator
+  # (CMake's default, Unix Makefiles, or CMAKE_GENERATOR; a build/ made earlier keeps its own).
+  # So CI's one build/ also shows that the default generator builds everything, tests and
+  # benchmarks included, and one command after the other rebuilds little: after run.sh, what
+  # run.sh built is compiled again with warnings as errors (unless run.sh had CARACAL_WERROR=ON,
+  # as in CI); run.sh after this rebuilds nothing.
   build="build"
   # Warnings are errors in this build, the one every test run makes: a new warning fails it.
   cmake_args+=(-DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_BENCH=ON -DCARACAL_SANITIZE=

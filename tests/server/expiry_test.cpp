@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <random>
 #include <utility>
 #include <vector>
 
 #include "ejection.hpp"
 #include "mqueue_manager/flights.hpp"
+#include "reply_routing.hpp"
 #include "tunables.hpp"
 
 namespace caracal::server {
@@ -152,6 +155,60 @@ TEST(QueueFlights, TakeAllGivesTheLiveRequestsAndForgetsEverything) {
   EXPECT_EQ(f.late(), 0u);
   Clock::time_point submitted;
   EXPECT_EQ(f.take(1, submitted), QueueFlights::Answer::kUnknown);
+}
+
+// The table against a map that cannot be wrong: random adds, answers and expiries of tokens
+// shaped like the server's (a UDP slot's generation moving on, a TCP connection's sequence),
+// many more than the table was sized for, so that it doubles and deletes across wrap-arounds.
+TEST(QueueFlights, AgreesWithAMapThroughGrowthAndDeletion) {
+  QueueFlights f(8);
+  const size_t first_capacity = f.table_capacity();
+  std::map<uint64_t, Clock::time_point> live;
+  std::mt19937_64 rng(7);
+  const Clock::time_point t0 = Clock::now();
+  std::vector<uint64_t> tokens;
+  for (uint32_t slot = 0; slot < 64; ++slot) {
+    for (uint32_t seq = 0; seq < 8; ++seq)
+      tokens.push_back(make_token(slot, slot % 5, seq));
+  }
+  for (int step = 0; step < 200000; ++step) {
+    const uint64_t token = tokens[rng() % tokens.size()];
+    Clock::time_point submitted;
+    if (rng() % 2 == 0) {
+      const Clock::time_point at = t0 + std::chrono::microseconds(step);
+      f.add(token, at, false);
+      live.emplace(token, at);  // a live duplicate keeps its first time, as the table does
+    } else {
+      const auto it = live.find(token);
+      const QueueFlights::Answer a = f.take(token, submitted);
+      if (it == live.end()) {
+        ASSERT_EQ(a, QueueFlights::Answer::kUnknown) << step;
+      } else {
+        ASSERT_EQ(a, QueueFlights::Answer::kLive) << step;
+        ASSERT_EQ(submitted, it->second) << step;
+        live.erase(it);
+      }
+    }
+    ASSERT_EQ(f.live(), live.size()) << step;
+  }
+  EXPECT_GT(f.table_capacity(), first_capacity) << "512 tokens outgrew a table sized for 8";
+  std::vector<std::pair<uint64_t, Clock::time_point>> out;
+  f.take_all(out);
+  std::sort(out.begin(), out.end());
+  EXPECT_EQ(out, (Expired(live.begin(), live.end())));
+}
+
+TEST(QueueFlights, KeepsEveryLateTokenItRemembersPastItsFirstSize) {
+  QueueFlights f(8);
+  const Clock::time_point t0 = Clock::now();
+  for (uint64_t token = 1; token <= 1000; ++token)
+    f.add(token, t0, true);
+  EXPECT_EQ(expire(f, t0 + 1s, 1ms).size(), 1000u);
+  EXPECT_EQ(f.late(), 1000u);
+  Clock::time_point submitted;
+  for (uint64_t token = 1; token <= 1000; ++token)
+    ASSERT_EQ(f.take(token, submitted), QueueFlights::Answer::kLate) << token;
+  EXPECT_EQ(f.late(), 0u);
 }
 
 TEST(EjectionPolicy, DueAfterSoManyTimeoutsInARowAndNeverWhenOff) {

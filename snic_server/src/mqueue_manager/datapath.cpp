@@ -33,8 +33,12 @@ class TransportBinding final : public RegionBinding {
       : memory_(std::move(memory)),
         transport_(std::move(transport)),
         region_(std::move(region)),
-        backlog_(mqueue::queue_count(region_.header())),
-        server_(region_.header().server_queue_count) {}
+        backlog_(mqueue::queue_count(region_.header())) {
+    // Each queue's flights sized for a ring's worth of requests (QueueFlights).
+    server_.reserve(region_.header().server_queue_count);
+    for (uint32_t q = 0; q < region_.header().server_queue_count; ++q)
+      server_.emplace_back(region_.header().ring_capacity);
+  }
 
   const mqueue::RegionHeader& header() const override { return region_.header(); }
 
@@ -316,6 +320,7 @@ class TransportBinding final : public RegionBinding {
   // time. A cache line (or more) each: the queues of one region are served by several threads,
   // and each writes its queues' state with every request and answer.
   struct alignas(64) ServerQueue {
+    explicit ServerQueue(uint32_t ring_slots) : flights(ring_slots) {}
     QueueFlights flights;
     uint32_t timeouts_in_a_row = 0;
   };

@@ -28,15 +28,15 @@
 #include <thread>
 #include <vector>
 
-#include "../mqueue/json_writer.hpp"
-#include "../mqueue/machine_info.hpp"
-#include "../mqueue/measure.hpp"
 #include "caracal/accel/bytes.hpp"
 #include "caracal/accel/gpu/accelerator.cuh"
 #include "caracal/accel/gpu/cuda.hpp"
 #include "caracal/mqueue/platform.hpp"
 #include "caracal/mqueue/remote_region.hpp"
 #include "caracal/mqueue/shm.hpp"
+#include "json_writer.hpp"
+#include "latency.hpp"
+#include "machine_info.hpp"
 #include "matvec.hpp"
 
 namespace caracal::bench {
@@ -663,22 +663,10 @@ double h2d_bandwidth_gbytes() {
   return rates[rates.size() / 2];
 }
 
-void write_latency(JsonWriter& j, const LatencySummary& s) {
-  j.begin_object();
-  j.key("samples");
-  j.value(s.samples);
-  j.key("p50_ns");
-  j.value(s.p50_ns);
-  j.key("p90_ns");
-  j.value(s.p90_ns);
-  j.key("p99_ns");
-  j.value(s.p99_ns);
-  j.key("p999_ns");
-  j.value(s.p999_ns);
-  j.key("max_ns");
-  j.value(s.max_ns);
-  j.key("mean_ns");
-  j.value(s.mean_ns);
+// The summary as an object, without its minimum (which this report never had).
+void write_latency(JsonWriter& j, std::string_view key, const LatencySummary& s) {
+  j.begin_object(key);
+  write_fields(j, s, false);
   j.end_object();
 }
 
@@ -810,88 +798,55 @@ int main(int argc, char** argv) {
     std::ofstream out(json_path);
     JsonWriter j(out);
     j.begin_object();
-    j.key("benchmark");
-    j.value("caracal_gpu_bench");
-    j.key("commit");
-    j.value(commit);
-    j.key("date_utc");
-    j.value(machine.date_utc);
-    j.key("gpu");
-    j.value(gpu->str());
-    j.key("cpu");
-    j.value(machine.cpu_model);
-    j.key("online_cpus");
-    j.value(machine.online_cpus);
-    j.key("kernel");
-    j.value(machine.kernel);
-    j.key("transport");
-    j.value(
-        "shm: memfd region registered with cudaHostRegister(Mapped); SmartNIC side in a "
-        "separate process that never touches CUDA");
-    j.key("rx_lines");
-    j.value(g_rx_lines);
-    j.key("tx_lines");
-    j.value(g_tx_lines);
-    j.key("floor_flag_pingpong");
-    write_latency(j, floor);
-    j.key("rtt_echo_64B");
-    write_latency(j, rtt);
-    j.key("rtt_echo_64B_burst_1");
-    write_latency(j, rtt_single);
-    j.key("rtt_echo_64B_5us_apart");
-    write_latency(j, rtt_apart);
-    j.key("steps");
-    j.begin_array();
+    j.field("benchmark", "caracal_gpu_bench");
+    j.field("commit", commit);
+    j.field("date_utc", machine.date_utc);
+    j.field("gpu", gpu->str());
+    j.field("cpu", machine.cpu_model);
+    j.field("online_cpus", machine.online_cpus);
+    j.field("kernel", machine.kernel);
+    j.field("transport",
+            "shm: memfd region registered with cudaHostRegister(Mapped); SmartNIC side in a "
+            "separate process that never touches CUDA");
+    j.field("rx_lines", g_rx_lines);
+    j.field("tx_lines", g_tx_lines);
+    write_latency(j, "floor_flag_pingpong", floor);
+    write_latency(j, "rtt_echo_64B", rtt);
+    write_latency(j, "rtt_echo_64B_burst_1", rtt_single);
+    write_latency(j, "rtt_echo_64B_5us_apart", rtt_apart);
+    j.begin_array("steps");
     for (size_t k = 0; k < steps.size(); ++k) {
       j.begin_object();
-      j.key("step");
-      j.value(kStepNames[k]);
-      j.key("latency");
-      write_latency(j, steps[k]);
+      j.field("step", kStepNames[k]);
+      write_latency(j, "latency", steps[k]);
       j.end_object();
     }
     j.end_array();
-    j.key("rtt_16KiB");
-    j.begin_array();
+    j.begin_array("rtt_16KiB");
     for (const SizedRtt& r : large) {
       j.begin_object();
-      j.key("handler");
-      j.value(r.what);
-      j.key("latency");
-      write_latency(j, r.latency);
+      j.field("handler", r.what);
+      write_latency(j, "latency", r.latency);
       j.end_object();
     }
     j.end_array();
-    j.key("rtt_over_floor_p50");
-    j.value(static_cast<double>(rtt.p50_ns) / static_cast<double>(floor.p50_ns));
-    j.key("h2d_copy_gbytes_per_s");
-    j.value(h2d);
-    j.key("throughput");
-    j.begin_array();
+    j.field("rtt_over_floor_p50",
+            static_cast<double>(rtt.p50_ns) / static_cast<double>(floor.p50_ns));
+    j.field("h2d_copy_gbytes_per_s", h2d);
+    j.begin_array("throughput");
     for (const ThroughputResult& r : tp) {
       j.begin_object();
-      j.key("handler");
-      j.value(r.handler);
-      j.key("batch");
-      j.value(r.batch);
-      j.key("queues");
-      j.value(r.queues);
-      j.key("request_bytes");
-      j.value(r.message);
-      j.key("reply_bytes");
-      j.value(r.reply);
-      j.key("driver_threads");
-      j.value(r.driver_threads);
-      j.key("seconds");
-      j.value(r.seconds);
-      j.key("replies");
-      j.value(r.replies);
-      j.key("messages_per_s");
-      j.value(r.messages_per_s);
-      j.key("request_gbytes_per_s");
-      j.value(r.request_gbytes_per_s);
-      j.key("fraction_of_h2d_copy");
-      j.value(r.request_gbytes_per_s / h2d);
+      j.field("handler", r.handler);
+      j.field("batch", r.batch);
+      j.field("queues", r.queues);
+      j.field("request_bytes", r.message);
+      j.field("reply_bytes", r.reply);
+      j.field("driver_threads", r.driver_threads);
+      j.field("seconds", r.seconds);
+      j.field("replies", r.replies);
+      j.field("messages_per_s", r.messages_per_s);
+      j.field("request_gbytes_per_s", r.request_gbytes_per_s);
+      j.field("fraction_of_h2d_copy", r.request_gbytes_per_s / h2d);
       j.end_object();
     }
     j.end_array();

@@ -663,6 +663,12 @@ double h2d_bandwidth_gbytes() {
   return rates[rates.size() / 2];
 }
 
+// Prints the median and p99 of `s` on a line of its own, and returns `s`.
+const LatencySummary& print_latency(const std::string& what, const LatencySummary& s) {
+  std::printf("%s: p50 %.2f us p99 %.2f us\n", what.c_str(), s.p50_ns / 1e3, s.p99_ns / 1e3);
+  return s;
+}
+
 // The summary as an object, without its minimum (which this report never had).
 void write_latency(JsonWriter& j, std::string_view key, const LatencySummary& s) {
   j.begin_object(key);
@@ -709,18 +715,14 @@ int main(int argc, char** argv) {
       return 77;
     }
     std::printf("%s\n", gpu->str().c_str());
-    const LatencySummary floor = measure_floor(samples);
-    std::printf("floor: p50 %.2f us p99 %.2f us\n", floor.p50_ns / 1e3, floor.p99_ns / 1e3);
-    const LatencySummary rtt = measure_rtt(samples, 64);
-    std::printf("rtt 64 B: p50 %.2f us p99 %.2f us\n", rtt.p50_ns / 1e3, rtt.p99_ns / 1e3);
+    const LatencySummary floor = print_latency("floor", measure_floor(samples));
+    const LatencySummary rtt = print_latency("rtt 64 B", measure_rtt(samples, 64));
     caracal::accel::GpuOptions single;
     single.burst = 1;
-    const LatencySummary rtt_single = measure_rtt(samples, 64, single);
-    std::printf("rtt 64 B, burst 1: p50 %.2f us p99 %.2f us\n", rtt_single.p50_ns / 1e3,
-                rtt_single.p99_ns / 1e3);
-    const LatencySummary rtt_apart = measure_rtt(samples, 64, {}, 5000);
-    std::printf("rtt 64 B, 5 us apart: p50 %.2f us p99 %.2f us\n", rtt_apart.p50_ns / 1e3,
-                rtt_apart.p99_ns / 1e3);
+    const LatencySummary rtt_single =
+        print_latency("rtt 64 B, burst 1", measure_rtt(samples, 64, single));
+    const LatencySummary rtt_apart =
+        print_latency("rtt 64 B, 5 us apart", measure_rtt(samples, 64, {}, 5000));
     static const char* const kStepNames[] = {
         "warp polls the flag (floor in a warp)",
         "+ 64 B read",
@@ -741,9 +743,8 @@ int main(int argc, char** argv) {
         "as 14, a read across PCIe right after the reply line"};
     std::vector<LatencySummary> steps;
     for (int k = 0; k < 17; ++k) {
-      steps.push_back(measure_floor(samples, k, g_stagger_ns));
-      std::printf("step %d (%s): p50 %.2f us p99 %.2f us\n", k, kStepNames[k],
-                  steps.back().p50_ns / 1e3, steps.back().p99_ns / 1e3);
+      steps.push_back(print_latency("step " + std::to_string(k) + " (" + kStepNames[k] + ")",
+                                    measure_floor(samples, k, g_stagger_ns)));
     }
     // 16 KiB: the copy with several reads in flight per thread, next to one read in flight.
     struct SizedRtt {
@@ -751,10 +752,8 @@ int main(int argc, char** argv) {
       LatencySummary latency;
     };
     std::vector<SizedRtt> large;
-    auto large_rtt = [&](const char* what, LatencySummary s) {
-      std::printf("rtt 16 KiB, %s: p50 %.2f us p99 %.2f us\n", what, s.p50_ns / 1e3,
-                  s.p99_ns / 1e3);
-      large.push_back({what, s});
+    auto large_rtt = [&](const char* what, const LatencySummary& s) {
+      large.push_back({what, print_latency(std::string("rtt 16 KiB, ") + what, s)});
     };
     const uint32_t large_samples = std::max(1000u, samples / 10);
     large_rtt("echo (group_copy)", measure_rtt<Echo<1>>(large_samples, 16384));

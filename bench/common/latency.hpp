@@ -1,5 +1,5 @@
-// A latency sample set summarised: nearest-rank percentiles, as every benchmark report gives
-// them, and their JSON fields.
+// A latency distribution as the benchmark reports give it (count, percentiles, extremes, mean),
+// its nearest-rank summary of raw samples, and its JSON fields.
 #pragma once
 
 #include <cstdint>

@@ -157,7 +157,7 @@ struct Counters {
   }
 };
 
-// Every count with its JSON key, in the report's order.
+// Every count with its JSON key, in the report's order; add() merges by this list too.
 constexpr std::pair<const char*, uint64_t Counters::*> kCounts[] = {
     {"sent", &Counters::sent},
     {"replies", &Counters::replies},
@@ -181,6 +181,9 @@ constexpr std::pair<const char*, uint64_t Counters::*> kCounts[] = {
     {"reconnects", &Counters::reconnects},
     {"connect_failures", &Counters::connect_failures},
 };
+
+static_assert(std::size(kCounts) * sizeof(uint64_t) == sizeof(Counters),
+              "every count is in kCounts");
 
 void Counters::add(const Counters& o) {
   for (const auto& [name, count] : kCounts)
@@ -902,6 +905,7 @@ struct ClientCpu {
   bool known = false;
 };
 
+// The report's "latency" object.
 void write_latency(JsonWriter& j, const LatencyHistogram& h) {
   j.begin_object("latency");
   write_fields(j, LatencySummary{h.count(), h.min(), h.percentile(50), h.percentile(90),

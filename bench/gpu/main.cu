@@ -28,15 +28,15 @@
 #include <thread>
 #include <vector>
 
-#include "../mqueue/json_writer.hpp"
-#include "../mqueue/machine_info.hpp"
-#include "../mqueue/measure.hpp"
 #include "caracal/accel/bytes.hpp"
 #include "caracal/accel/gpu/accelerator.cuh"
 #include "caracal/accel/gpu/cuda.hpp"
 #include "caracal/mqueue/platform.hpp"
 #include "caracal/mqueue/remote_region.hpp"
 #include "caracal/mqueue/shm.hpp"
+#include "json_writer.hpp"
+#include "latency.hpp"
+#include "machine_info.hpp"
 #include "matvec.hpp"
 
 namespace caracal::bench {
@@ -663,22 +663,16 @@ double h2d_bandwidth_gbytes() {
   return rates[rates.size() / 2];
 }
 
-void write_latency(JsonWriter& j, const LatencySummary& s) {
-  j.begin_object();
-  j.key("samples");
-  j.value(s.samples);
-  j.key("p50_ns");
-  j.value(s.p50_ns);
-  j.key("p90_ns");
-  j.value(s.p90_ns);
-  j.key("p99_ns");
-  j.value(s.p99_ns);
-  j.key("p999_ns");
-  j.value(s.p999_ns);
-  j.key("max_ns");
-  j.value(s.max_ns);
-  j.key("mean_ns");
-  j.value(s.mean_ns);
+// Prints the median and p99 of `s` on a line of its own, and returns `s`.
+const LatencySummary& print_latency(const std::string& what, const LatencySummary& s) {
+  std::printf("%s: p50 %.2f us p99 %.2f us\n", what.c_str(), s.p50_ns / 1e3, s.p99_ns / 1e3);
+  return s;
+}
+
+// The summary as an object, without its minimum (which this report never had).
+void write_latency(JsonWriter& j, std::string_view key, const LatencySummary& s) {
+  j.begin_object(key);
+  write_fields(j, s, false);
   j.end_object();
 }
 
@@ -721,18 +715,14 @@ int main(int argc, char** argv) {
       return 77;
     }
     std::printf("%s\n", gpu->str().c_str());
-    const LatencySummary floor = measure_floor(samples);
-    std::printf("floor: p50 %.2f us p99 %.2f us\n", floor.p50_ns / 1e3, floor.p99_ns / 1e3);
-    const LatencySummary rtt = measure_rtt(samples, 64);
-    std::printf("rtt 64 B: p50 %.2f us p99 %.2f us\n", rtt.p50_ns / 1e3, rtt.p99_ns / 1e3);
+    const LatencySummary floor = print_latency("floor", measure_floor(samples));
+    const LatencySummary rtt = print_latency("rtt 64 B", measure_rtt(samples, 64));
     caracal::accel::GpuOptions single;
     single.burst = 1;
-    const LatencySummary rtt_single = measure_rtt(samples, 64, single);
-    std::printf("rtt 64 B, burst 1: p50 %.2f us p99 %.2f us\n", rtt_single.p50_ns / 1e3,
-                rtt_single.p99_ns / 1e3);
-    const LatencySummary rtt_apart = measure_rtt(samples, 64, {}, 5000);
-    std::printf("rtt 64 B, 5 us apart: p50 %.2f us p99 %.2f us\n", rtt_apart.p50_ns / 1e3,
-                rtt_apart.p99_ns / 1e3);
+    const LatencySummary rtt_single =
+        print_latency("rtt 64 B, burst 1", measure_rtt(samples, 64, single));
+    const LatencySummary rtt_apart =
+        print_latency("rtt 64 B, 5 us apart", measure_rtt(samples, 64, {}, 5000));
     static const char* const kStepNames[] = {
         "warp polls the flag (floor in a warp)",
         "+ 64 B read",
@@ -753,9 +743,8 @@ int main(int argc, char** argv) {
         "as 14, a read across PCIe right after the reply line"};
     std::vector<LatencySummary> steps;
     for (int k = 0; k < 17; ++k) {
-      steps.push_back(measure_floor(samples, k, g_stagger_ns));
-      std::printf("step %d (%s): p50 %.2f us p99 %.2f us\n", k, kStepNames[k],
-                  steps.back().p50_ns / 1e3, steps.back().p99_ns / 1e3);
+      steps.push_back(print_latency("step " + std::to_string(k) + " (" + kStepNames[k] + ")",
+                                    measure_floor(samples, k, g_stagger_ns)));
     }
     // 16 KiB: the copy with several reads in flight per thread, next to one read in flight.
     struct SizedRtt {
@@ -763,10 +752,8 @@ int main(int argc, char** argv) {
       LatencySummary latency;
     };
     std::vector<SizedRtt> large;
-    auto large_rtt = [&](const char* what, LatencySummary s) {
-      std::printf("rtt 16 KiB, %s: p50 %.2f us p99 %.2f us\n", what, s.p50_ns / 1e3,
-                  s.p99_ns / 1e3);
-      large.push_back({what, s});
+    auto large_rtt = [&](const char* what, const LatencySummary& s) {
+      large.push_back({what, print_latency(std::string("rtt 16 KiB, ") + what, s)});
     };
     const uint32_t large_samples = std::max(1000u, samples / 10);
     large_rtt("echo (group_copy)", measure_rtt<Echo<1>>(large_samples, 16384));
@@ -810,88 +797,55 @@ int main(int argc, char** argv) {
     std::ofstream out(json_path);
     JsonWriter j(out);
     j.begin_object();
-    j.key("benchmark");
-    j.value("caracal_gpu_bench");
-    j.key("commit");
-    j.value(commit);
-    j.key("date_utc");
-    j.value(machine.date_utc);
-    j.key("gpu");
-    j.value(gpu->str());
-    j.key("cpu");
-    j.value(machine.cpu_model);
-    j.key("online_cpus");
-    j.value(machine.online_cpus);
-    j.key("kernel");
-    j.value(machine.kernel);
-    j.key("transport");
-    j.value(
-        "shm: memfd region registered with cudaHostRegister(Mapped); SmartNIC side in a "
-        "separate process that never touches CUDA");
-    j.key("rx_lines");
-    j.value(g_rx_lines);
-    j.key("tx_lines");
-    j.value(g_tx_lines);
-    j.key("floor_flag_pingpong");
-    write_latency(j, floor);
-    j.key("rtt_echo_64B");
-    write_latency(j, rtt);
-    j.key("rtt_echo_64B_burst_1");
-    write_latency(j, rtt_single);
-    j.key("rtt_echo_64B_5us_apart");
-    write_latency(j, rtt_apart);
-    j.key("steps");
-    j.begin_array();
+    j.field("benchmark", "caracal_gpu_bench");
+    j.field("commit", commit);
+    j.field("date_utc", machine.date_utc);
+    j.field("gpu", gpu->str());
+    j.field("cpu", machine.cpu_model);
+    j.field("online_cpus", machine.online_cpus);
+    j.field("kernel", machine.kernel);
+    j.field("transport",
+            "shm: memfd region registered with cudaHostRegister(Mapped); SmartNIC side in a "
+            "separate process that never touches CUDA");
+    j.field("rx_lines", g_rx_lines);
+    j.field("tx_lines", g_tx_lines);
+    write_latency(j, "floor_flag_pingpong", floor);
+    write_latency(j, "rtt_echo_64B", rtt);
+    write_latency(j, "rtt_echo_64B_burst_1", rtt_single);
+    write_latency(j, "rtt_echo_64B_5us_apart", rtt_apart);
+    j.begin_array("steps");
     for (size_t k = 0; k < steps.size(); ++k) {
       j.begin_object();
-      j.key("step");
-      j.value(kStepNames[k]);
-      j.key("latency");
-      write_latency(j, steps[k]);
+      j.field("step", kStepNames[k]);
+      write_latency(j, "latency", steps[k]);
       j.end_object();
     }
     j.end_array();
-    j.key("rtt_16KiB");
-    j.begin_array();
+    j.begin_array("rtt_16KiB");
     for (const SizedRtt& r : large) {
       j.begin_object();
-      j.key("handler");
-      j.value(r.what);
-      j.key("latency");
-      write_latency(j, r.latency);
+      j.field("handler", r.what);
+      write_latency(j, "latency", r.latency);
       j.end_object();
     }
     j.end_array();
-    j.key("rtt_over_floor_p50");
-    j.value(static_cast<double>(rtt.p50_ns) / static_cast<double>(floor.p50_ns));
-    j.key("h2d_copy_gbytes_per_s");
-    j.value(h2d);
-    j.key("throughput");
-    j.begin_array();
+    j.field("rtt_over_floor_p50",
+            static_cast<double>(rtt.p50_ns) / static_cast<double>(floor.p50_ns));
+    j.field("h2d_copy_gbytes_per_s", h2d);
+    j.begin_array("throughput");
     for (const ThroughputResult& r : tp) {
       j.begin_object();
-      j.key("handler");
-      j.value(r.handler);
-      j.key("batch");
-      j.value(r.batch);
-      j.key("queues");
-      j.value(r.queues);
-      j.key("request_bytes");
-      j.value(r.message);
-      j.key("reply_bytes");
-      j.value(r.reply);
-      j.key("driver_threads");
-      j.value(r.driver_threads);
-      j.key("seconds");
-      j.value(r.seconds);
-      j.key("replies");
-      j.value(r.replies);
-      j.key("messages_per_s");
-      j.value(r.messages_per_s);
-      j.key("request_gbytes_per_s");
-      j.value(r.request_gbytes_per_s);
-      j.key("fraction_of_h2d_copy");
-      j.value(r.request_gbytes_per_s / h2d);
+      j.field("handler", r.handler);
+      j.field("batch", r.batch);
+      j.field("queues", r.queues);
+      j.field("request_bytes", r.message);
+      j.field("reply_bytes", r.reply);
+      j.field("driver_threads", r.driver_threads);
+      j.field("seconds", r.seconds);
+      j.field("replies", r.replies);
+      j.field("messages_per_s", r.messages_per_s);
+      j.field("request_gbytes_per_s", r.request_gbytes_per_s);
+      j.field("fraction_of_h2d_copy", r.request_gbytes_per_s / h2d);
       j.end_object();
     }
     j.end_array();

@@ -65,6 +65,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <signal.h>
@@ -72,6 +73,7 @@
 
 #include "histogram.hpp"
 #include "json_writer.hpp"
+#include "latency.hpp"
 #include "machine_info.hpp"
 #include "matvec.hpp"
 #include "workload.hpp"
@@ -131,7 +133,6 @@ struct Counters {
   uint64_t unanswered = 0;  // requests still in flight when the run ended
   uint64_t send_errors = 0;
   uint64_t connection_errors = 0;
-  uint64_t unsent = 0;         // open loop: intended sends of the window that never went out
   uint64_t error_replies = 0;  // error replies (--error-prefix) that answered a request in flight
   // Error replies that came for a request already given up (UDP, after its timeout).
   uint64_t late_error_replies = 0;
@@ -146,30 +147,7 @@ struct Counters {
   uint64_t reconnects = 0;         // TCP: connections made again after a break
   uint64_t connect_failures = 0;   // TCP: connects that failed (and were tried again)
 
-  void add(const Counters& o) {
-    sent += o.sent;
-    replies += o.replies;
-    measured += o.measured;
-    wrong += o.wrong;
-    late += o.late;
-    lost += o.lost;
-    unanswered += o.unanswered;
-    send_errors += o.send_errors;
-    connection_errors += o.connection_errors;
-    unsent += o.unsent;
-    error_replies += o.error_replies;
-    late_error_replies += o.late_error_replies;
-    wrong_answered += o.wrong_answered;
-    wrong_other_client += o.wrong_other_client;
-    wrong_other_slot += o.wrong_other_slot;
-    wrong_other_request += o.wrong_other_request;
-    wrong_corrupt += o.wrong_corrupt;
-    wrong_unsolicited += o.wrong_unsolicited;
-    connection_lost += o.connection_lost;
-    receive_errors += o.receive_errors;
-    reconnects += o.reconnects;
-    connect_failures += o.connect_failures;
-  }
+  void add(const Counters& o);
   // Requests sent whose end is none of the ends a request can have: 0 unless the counting
   // itself is wrong.
   int64_t unaccounted() const {
@@ -178,6 +156,39 @@ struct Counters {
                                 unanswered);
   }
 };
+
+// Every count with its JSON key, in the report's order; add() merges by this list too.
+constexpr std::pair<const char*, uint64_t Counters::*> kCounts[] = {
+    {"sent", &Counters::sent},
+    {"replies", &Counters::replies},
+    {"measured", &Counters::measured},
+    {"wrong", &Counters::wrong},
+    {"lost", &Counters::lost},
+    {"late", &Counters::late},
+    {"unanswered", &Counters::unanswered},
+    {"send_errors", &Counters::send_errors},
+    {"connection_errors", &Counters::connection_errors},
+    {"error_replies", &Counters::error_replies},
+    {"late_error_replies", &Counters::late_error_replies},
+    {"wrong_answered", &Counters::wrong_answered},
+    {"wrong_other_client", &Counters::wrong_other_client},
+    {"wrong_other_slot", &Counters::wrong_other_slot},
+    {"wrong_other_request", &Counters::wrong_other_request},
+    {"wrong_corrupt", &Counters::wrong_corrupt},
+    {"wrong_unsolicited", &Counters::wrong_unsolicited},
+    {"connection_lost", &Counters::connection_lost},
+    {"receive_errors", &Counters::receive_errors},
+    {"reconnects", &Counters::reconnects},
+    {"connect_failures", &Counters::connect_failures},
+};
+
+static_assert(std::size(kCounts) * sizeof(uint64_t) == sizeof(Counters),
+              "every count is in kCounts");
+
+void Counters::add(const Counters& o) {
+  for (const auto& [name, count] : kCounts)
+    this->*count += o.*count;
+}
 
 // Times shared, read-only, by every thread.
 struct Plan {
@@ -894,19 +905,13 @@ struct ClientCpu {
   bool known = false;
 };
 
+// The report's "latency" object.
 void write_latency(JsonWriter& j, const LatencyHistogram& h) {
-  j.begin_object();
-  j.field("samples", h.count());
-  j.field("min_ns", h.min());
-  j.field("p50_ns", h.percentile(50));
-  j.field("p90_ns", h.percentile(90));
-  j.field("p99_ns", h.percentile(99));
-  j.field("p999_ns", h.percentile(99.9));
-  j.field("max_ns", h.max());
-  j.field("mean_ns", h.mean());
+  j.begin_object("latency");
+  write_fields(j, LatencySummary{h.count(), h.min(), h.percentile(50), h.percentile(90),
+                                 h.percentile(99), h.percentile(99.9), h.max(), h.mean()});
   // The distribution for a CDF plot: [percentile, ns] pairs.
-  j.key("cdf");
-  j.begin_array();
+  j.begin_array("cdf");
   static constexpr double kPoints[] = {0,  1,  5,  10, 20, 30,   40,   50,    60,    70, 80,
                                        90, 95, 97, 98, 99, 99.5, 99.9, 99.95, 99.99, 100};
   for (const double p : kPoints) {
@@ -1091,8 +1096,7 @@ int run(const Options& o) {
     j.begin_object();
     j.field("tool", "caracal_loadgen");
     j.field("label", o.label);
-    j.key("config");
-    j.begin_object();
+    j.begin_object("config");
     j.field("host", o.host);
     j.field("port", uint32_t{o.port});
     j.field("proto", o.proto);
@@ -1113,8 +1117,7 @@ int run(const Options& o) {
     j.field("reconnect_ms", o.reconnect_ms);
     j.field("until_signal", o.until_signal);
     j.end_object();
-    j.key("machine");
-    j.begin_object();
+    j.begin_object("machine");
     j.field("cpu_model", machine.cpu_model);
     j.field("online_cpus", machine.online_cpus);
     j.field("hypervisor", machine.hypervisor);
@@ -1126,70 +1129,30 @@ int run(const Options& o) {
     j.field("window_s", window_s);
     j.field("offered_rps", plan.open ? o.rate : 0.0);
     j.field("throughput_rps", throughput);
-    j.key("latency");
     write_latency(j, hist);
-    j.key("counts");
-    j.begin_object();
-    j.field("sent", c.sent);
-    j.field("replies", c.replies);
-    j.field("measured", c.measured);
-    j.field("wrong", c.wrong);
-    j.field("lost", c.lost);
-    j.field("late", c.late);
-    j.field("unanswered", c.unanswered);
-    j.field("send_errors", c.send_errors);
-    j.field("connection_errors", c.connection_errors);
-    j.field("error_replies", c.error_replies);
-    j.field("late_error_replies", c.late_error_replies);
-    j.field("wrong_answered", c.wrong_answered);
-    j.field("wrong_other_client", c.wrong_other_client);
-    j.field("wrong_other_slot", c.wrong_other_slot);
-    j.field("wrong_other_request", c.wrong_other_request);
-    j.field("wrong_corrupt", c.wrong_corrupt);
-    j.field("wrong_unsolicited", c.wrong_unsolicited);
-    j.field("connection_lost", c.connection_lost);
-    j.field("receive_errors", c.receive_errors);
-    j.field("reconnects", c.reconnects);
-    j.field("connect_failures", c.connect_failures);
+    j.begin_object("counts");
+    for (const auto& [name, count] : kCounts)
+      j.field(name, c.*count);
     j.field("unaccounted", c.unaccounted());
     j.end_object();
-    j.key("error_reasons");
-    j.begin_object();
+    j.begin_object("error_reasons");
     for (const auto& [reason, n] : error_reasons)
       j.field(reason, n);
     j.end_object();
     if (o.timeline_ms != 0) {
       // Interval k covers [k, k + 1) * interval_ms after the run's start (warm-up included).
-      j.key("timeline");
-      j.begin_object();
+      j.begin_object("timeline");
       j.field("interval_ms", o.timeline_ms);
       j.field("warmup_s", o.warmup_s);
       j.field("start_unix_s", std::chrono::duration<double>(start_unix.time_since_epoch()).count());
-      j.key("replies");
-      j.begin_array();
-      for (const uint64_t n : timeline_replies)
-        j.value(n);
-      j.end_array();
-      j.key("error_replies");
-      j.begin_array();
-      for (const uint64_t n : timeline_errors)
-        j.value(n);
-      j.end_array();
-      j.key("lost");
-      j.begin_array();
-      for (const uint64_t n : timeline_lost)
-        j.value(n);
-      j.end_array();
-      j.key("connection_lost");
-      j.begin_array();
-      for (const uint64_t n : timeline_connection_lost)
-        j.value(n);
-      j.end_array();
+      j.array("replies", timeline_replies);
+      j.array("error_replies", timeline_errors);
+      j.array("lost", timeline_lost);
+      j.array("connection_lost", timeline_connection_lost);
       j.end_object();
     }
     if (o.reconnect_ms != 0 && use_tcp) {
-      j.key("sessions");
-      j.begin_array();
+      j.begin_array("sessions");
       for (const Session& ss : sessions) {
         j.begin_object();
         j.field("connection", ss.connection);
@@ -1207,18 +1170,13 @@ int run(const Options& o) {
       j.end_array();
     }
     if (client_cpu.known) {
-      j.key("client_cpu");
-      j.begin_object();
+      j.begin_object("client_cpu");
       j.field("cores", client_cpu.cores);
       j.field("busiest_thread_cores", client_cpu.busiest_thread);
       j.field("threads", threads);
       j.end_object();
     }
-    j.key("errors");
-    j.begin_array();
-    for (const auto& e : errors)
-      j.value(e);
-    j.end_array();
+    j.array("errors", errors);
     j.end_object();
     out.close();
     if (!out) {

@@ -5,18 +5,15 @@
 //
 // Prints a markdown report to stdout (progress goes to stderr) and, with --json, writes the
 // same results as JSON. Exits non-zero when any reply is wrong, lost or late.
-#include <pthread.h>
-#include <sched.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -140,24 +137,6 @@ std::string fixed(double v, int digits) {
   return out.str();
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  if (n == 0) return 0;
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-void write_summary_json(JsonWriter& j, const LatencySummary& s) {
-  j.field("samples", s.samples);
-  j.field("min_ns", s.min_ns);
-  j.field("p50_ns", s.p50_ns);
-  j.field("p90_ns", s.p90_ns);
-  j.field("p99_ns", s.p99_ns);
-  j.field("p999_ns", s.p999_ns);
-  j.field("max_ns", s.max_ns);
-  j.field("mean_ns", s.mean_ns);
-}
-
 void write_json(std::ostream& out, const Options& o, const MachineInfo& m, const BenchSetup& s,
                 double clock_ns, const LatencyResult& floor,
                 const std::vector<LatencyResult>& round_trips,
@@ -168,38 +147,23 @@ void write_json(std::ostream& out, const Options& o, const MachineInfo& m, const
   j.field("transport", "shm");
   j.field("accelerator", "cpu");
   j.field("date", m.date_utc);
-  j.key("commit");
-  if (o.commit.empty()) {
-    j.null();
-  } else {
-    j.value(o.commit);
-  }
+  j.field("commit", o.commit.empty() ? std::nullopt : std::optional(o.commit));
   j.field("note", o.note);
-  j.key("machine");
-  j.begin_object();
+  j.begin_object("machine");
   j.field("cpu_model", m.cpu_model);
   j.field("nproc", m.online_cpus);
-  j.key("allowed_cpus");
-  j.begin_array();
-  for (int c : m.allowed_cpus)
-    j.value(c);
-  j.end_array();
+  j.array("allowed_cpus", m.allowed_cpus);
   j.field("hypervisor", m.hypervisor);
   j.field("kernel", m.kernel);
   j.field("hostname", m.hostname);
   j.field("clocksource", m.clocksource);
   j.field("clock_overhead_ns", clock_ns);
   j.end_object();
-  j.key("config");
-  j.begin_object();
+  j.begin_object("config");
   j.field("mode", o.same_process ? "same-process" : "two-process");
   j.field("quick", o.quick);
   j.field("snic_cpu", s.snic_cpu);
-  j.key("worker_cpus");
-  j.begin_array();
-  for (int c : s.worker_cpus)
-    j.value(c);
-  j.end_array();
+  j.array("worker_cpus", s.worker_cpus);
   j.field("snic_yields", s.snic_yields);
   j.field("slot_bytes", s.slot_bytes);
   j.field("ring_capacity", s.ring_capacity);
@@ -212,20 +176,17 @@ void write_json(std::ostream& out, const Options& o, const MachineInfo& m, const
   j.field("timeout_ms", o.timeout_ms);
   j.end_object();
 
-  j.key("latency");
-  j.begin_object();
-  j.key("floor");
-  j.begin_object();
+  j.begin_object("latency");
+  j.begin_object("floor");
   j.field("what", "cross-process flag ping-pong, release store / acquire load spin");
   j.field("payload_bytes", floor.payload_bytes);
-  write_summary_json(j, floor.summary);
+  write_fields(j, floor.summary);
   j.end_object();
-  j.key("round_trip");
-  j.begin_array();
+  j.begin_array("round_trip");
   for (const LatencyResult& r : round_trips) {
     j.begin_object();
     j.field("payload_bytes", r.payload_bytes);
-    write_summary_json(j, r.summary);
+    write_fields(j, r.summary);
     j.field("p50_over_floor", static_cast<double>(r.summary.p50_ns) /
                                   static_cast<double>(std::max<uint64_t>(floor.summary.p50_ns, 1)));
     j.field("mean_over_floor", r.summary.mean_ns / std::max(floor.summary.mean_ns, 1.0));
@@ -234,8 +195,7 @@ void write_json(std::ostream& out, const Options& o, const MachineInfo& m, const
   j.end_array();
   j.end_object();
 
-  j.key("throughput");
-  j.begin_array();
+  j.begin_array("throughput");
   for (const Throughput& t : throughput) {
     j.begin_object();
     j.field("queues", t.params.queues);
@@ -247,8 +207,7 @@ void write_json(std::ostream& out, const Options& o, const MachineInfo& m, const
     j.field("median_msgs_per_s", t.median);
     j.field("min_msgs_per_s", t.min);
     j.field("max_msgs_per_s", t.max);
-    j.key("runs");
-    j.begin_array();
+    j.begin_array("runs");
     for (const ThroughputRun& r : t.runs) {
       j.begin_object();
       j.field("msgs_per_s", r.msgs_per_s);
@@ -438,15 +397,7 @@ int run(int argc, char** argv) {
   const uint32_t largest = std::max(o.tput_size, *std::max_element(o.sizes.begin(), o.sizes.end()));
   check.max_message_bytes = std::max(largest, o.slot_bytes - mqueue::kSlotHeaderBytes);
   if (Status s = mqueue::validate_geometry(check); !s.ok()) die("region: " + s.message());
-  if (setup.snic_cpu >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(setup.snic_cpu, &set);
-    if (int err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set); err != 0) {
-      die("cannot pin the SmartNIC thread to CPU " + std::to_string(setup.snic_cpu) + ": " +
-          std::strerror(err));
-    }
-  }
+  if (Status s = pin_current_thread(setup.snic_cpu, "SmartNIC thread"); !s.ok()) die(s.message());
 
   std::cerr << "caracal_mqueue_bench: " << (o.same_process ? "same process" : "two processes")
             << ", SmartNIC CPU " << setup.snic_cpu << ", worker CPUs "

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <utility>
 
 #include "caracal/accel/cpu.hpp"
@@ -73,20 +72,6 @@ class SpinWait {
 uint64_t elapsed_ns(Clock::time_point from, Clock::time_point to) {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count());
-}
-
-Status pin_current_thread(int cpu, const std::string& who) {
-  if (cpu < 0) return Status::ok_status();
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (cpu >= CPU_SETSIZE)
-    return invalid_argument(who + ": CPU " + std::to_string(cpu) + " is out of range");
-  CPU_SET(cpu, &set);
-  if (const int err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set); err != 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  who + ": cannot pin to CPU " + std::to_string(cpu) + ": " + std::strerror(err));
-  }
-  return Status::ok_status();
 }
 
 // A request body: a fixed byte pattern with the request's token stamped over its first and last
@@ -278,28 +263,18 @@ mq::RegionGeometry region_geometry(const BenchSetup& setup, uint32_t queues,
 
 }  // namespace
 
-LatencySummary summarize(std::vector<uint64_t>& samples_ns) {
-  LatencySummary s;
-  s.samples = samples_ns.size();
-  if (samples_ns.empty()) return s;
-  std::sort(samples_ns.begin(), samples_ns.end());
-  const auto rank = [&](double q) {
-    // Nearest rank: the smallest sample with at least q of all samples at or below it.
-    const double r = q * static_cast<double>(samples_ns.size());
-    size_t index = static_cast<size_t>(r);
-    if (static_cast<double>(index) < r) ++index;
-    return samples_ns[index == 0 ? 0 : std::min(index, samples_ns.size()) - 1];
-  };
-  s.min_ns = samples_ns.front();
-  s.max_ns = samples_ns.back();
-  s.p50_ns = rank(0.50);
-  s.p90_ns = rank(0.90);
-  s.p99_ns = rank(0.99);
-  s.p999_ns = rank(0.999);
-  const long double sum =
-      std::accumulate(samples_ns.begin(), samples_ns.end(), static_cast<long double>(0));
-  s.mean_ns = static_cast<double>(sum / static_cast<long double>(samples_ns.size()));
-  return s;
+Status pin_current_thread(int cpu, const std::string& who) {
+  if (cpu < 0) return Status::ok_status();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (cpu >= CPU_SETSIZE)
+    return invalid_argument(who + ": CPU " + std::to_string(cpu) + " is out of range");
+  CPU_SET(cpu, &set);
+  if (const int err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set); err != 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  who + ": cannot pin to CPU " + std::to_string(cpu) + ": " + std::strerror(err));
+  }
+  return Status::ok_status();
 }
 
 double clock_overhead_ns() {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "caracal/core/status.hpp"
+#include "latency.hpp"
 #include "peer.hpp"
 
 namespace caracal::bench {
@@ -33,25 +34,14 @@ struct BenchSetup {
   std::chrono::milliseconds timeout{2000};  // longest wait for any single reply or step
 };
 
-struct LatencySummary {
-  uint64_t samples = 0;
-  uint64_t min_ns = 0;
-  uint64_t p50_ns = 0;
-  uint64_t p90_ns = 0;
-  uint64_t p99_ns = 0;
-  uint64_t p999_ns = 0;
-  uint64_t max_ns = 0;
-  double mean_ns = 0;
-};
-
-// Sorts `samples_ns` and summarises it (nearest-rank percentiles).
-LatencySummary summarize(std::vector<uint64_t>& samples_ns);
-
 struct LatencyResult {
   uint32_t payload_bytes = 0;
   LatencySummary summary;
   PeerReport peer;
 };
+
+// Pins the calling thread to `cpu` (nothing for -1); `who` names it in the error.
+Status pin_current_thread(int cpu, const std::string& who);
 
 // Median cost of one steady_clock::now(), which every latency sample includes twice.
 double clock_overhead_ns();

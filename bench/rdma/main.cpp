@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -30,6 +31,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -42,6 +44,7 @@
 #include "caracal/mqueue/ring.hpp"
 #include "caracal/mqueue/shm.hpp"
 #include "json_writer.hpp"
+#include "latency.hpp"
 
 namespace {
 
@@ -51,30 +54,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr RegionGeometry kGeometry{1, 0, 256, 64, 8 * 256 - kSlotHeaderBytes};
 
-struct Summary {
-  uint64_t samples = 0;
-  double min_us = 0, p50_us = 0, p90_us = 0, p99_us = 0, max_us = 0, mean_us = 0;
-};
-
-Summary summarize(std::vector<double>& us) {
-  Summary s;
-  if (us.empty()) return s;
-  std::sort(us.begin(), us.end());
-  auto rank = [&](double p) {
-    const size_t i = static_cast<size_t>(p * static_cast<double>(us.size()) + 0.999999);
-    return us[std::min(us.size() - 1, i == 0 ? 0 : i - 1)];
-  };
-  s.samples = us.size();
-  s.min_us = us.front();
-  s.max_us = us.back();
-  s.p50_us = rank(0.50);
-  s.p90_us = rank(0.90);
-  s.p99_us = rank(0.99);
-  double sum = 0;
-  for (double v : us)
-    sum += v;
-  s.mean_us = sum / static_cast<double>(us.size());
-  return s;
+// Microseconds, as perftest reports them.
+double us(uint64_t ns) {
+  return static_cast<double>(ns) / 1e3;
 }
 
 // ---- the accelerator side --------------------------------------------------------------------
@@ -162,15 +144,15 @@ struct Options {
 
 struct RoundTrip {
   uint32_t payload = 0;
-  Summary s;
+  caracal::bench::LatencySummary s;
   double tail_reads_per_rt = 0;  // TX-tail READs per round trip (polls until the reply shows)
 };
 
 Result<RoundTrip> measure(RdmaTransport& t, RemoteRegion<RdmaTransport>& region, uint32_t payload,
                           uint64_t warmup, uint64_t iterations) {
   std::vector<std::byte> request(payload);
-  std::vector<double> us;
-  us.reserve(iterations);
+  std::vector<uint64_t> ns;
+  ns.reserve(iterations);
   uint64_t tail_reads = 0;
   const auto give_up = std::chrono::seconds(10);
   // Progress while waiting; the two vCPUs of the VM also carry the peer and rxe's kernel
@@ -217,13 +199,14 @@ Result<RoundTrip> measure(RdmaTransport& t, RemoteRegion<RdmaTransport>& region,
     region.tx(0).release();
     region.tx(0).publish();
     if (i >= warmup) {
-      us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      ns.push_back(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
       tail_reads += reads;
     }
   }
   RoundTrip out;
   out.payload = payload;
-  out.s = summarize(us);
+  out.s = caracal::bench::summarize(ns);
   out.tail_reads_per_rt = static_cast<double>(tail_reads) / static_cast<double>(iterations);
   return out;
 }
@@ -412,9 +395,9 @@ int run_bench(const Options& o) {
     std::snprintf(
         buf, sizeof(buf),
         "| mqueue RX -> echo -> TX | %u | %.1f | %.1f | %.1f | %.1f | %.2f | %.2fx | %.2fx |\n",
-        r.payload, r.s.p50_us, r.s.p90_us, r.s.p99_us, r.s.mean_us, r.tail_reads_per_rt,
-        w != nullptr ? r.s.p50_us / (2 * w->typical_us) : 0.0,
-        rd != nullptr ? r.s.p50_us / rd->typical_us : 0.0);
+        r.payload, us(r.s.p50_ns), us(r.s.p90_ns), us(r.s.p99_ns), r.s.mean_ns / 1e3,
+        r.tail_reads_per_rt, w != nullptr ? us(r.s.p50_ns) / (2 * w->typical_us) : 0.0,
+        rd != nullptr ? us(r.s.p50_ns) / rd->typical_us : 0.0);
     md << buf;
   }
   for (const Perftest& p : perf) {
@@ -433,48 +416,34 @@ int run_bench(const Options& o) {
     std::ofstream f(o.json_path);
     caracal::bench::JsonWriter j(f);
     j.begin_object();
-    j.key("header");
-    j.begin_array();
-    for (const std::string& h : o.header)
-      j.value(h);
-    j.end_array();
+    j.array("header", o.header);
     j.field("warmup", o.warmup);
     j.field("iterations", o.iterations);
-    j.key("mqueue_round_trip");
-    j.begin_array();
+    j.begin_array("mqueue_round_trip");
     for (const RoundTrip& r : rts) {
       j.begin_object();
       j.field("payload_bytes", r.payload);
       j.field("samples", r.s.samples);
-      j.field("min_us", r.s.min_us);
-      j.field("p50_us", r.s.p50_us);
-      j.field("p90_us", r.s.p90_us);
-      j.field("p99_us", r.s.p99_us);
-      j.field("max_us", r.s.max_us);
-      j.field("mean_us", r.s.mean_us);
+      j.field("min_us", us(r.s.min_ns));
+      j.field("p50_us", us(r.s.p50_ns));
+      j.field("p90_us", us(r.s.p90_ns));
+      j.field("p99_us", us(r.s.p99_ns));
+      j.field("max_us", us(r.s.max_ns));
+      j.field("mean_us", r.s.mean_ns / 1e3);
       j.field("tail_reads_per_round_trip", r.tail_reads_per_rt);
       const Perftest* w = find("ib_write_lat", r.payload);
       const Perftest* rd = find("ib_read_lat", r.payload);
-      j.key("p50_over_2x_ib_write_lat");
-      if (w != nullptr)
-        j.value(r.s.p50_us / (2 * w->typical_us));
-      else
-        j.null();
-      j.key("p50_over_ib_read_lat");
-      if (rd != nullptr)
-        j.value(r.s.p50_us / rd->typical_us);
-      else
-        j.null();
-      j.key("p99_over_ib_read_lat_p99");
-      if (rd != nullptr)
-        j.value(r.s.p99_us / rd->p99_us);
-      else
-        j.null();
+      const double p50 = us(r.s.p50_ns);
+      j.field("p50_over_2x_ib_write_lat",
+              w != nullptr ? std::optional(p50 / (2 * w->typical_us)) : std::nullopt);
+      j.field("p50_over_ib_read_lat",
+              rd != nullptr ? std::optional(p50 / rd->typical_us) : std::nullopt);
+      j.field("p99_over_ib_read_lat_p99",
+              rd != nullptr ? std::optional(us(r.s.p99_ns) / rd->p99_us) : std::nullopt);
       j.end_object();
     }
     j.end_array();
-    j.key("perftest");
-    j.begin_array();
+    j.begin_array("perftest");
     for (const Perftest& p : perf) {
       j.begin_object();
       j.field("tool", p.tool);
@@ -501,59 +470,27 @@ int run_bench(const Options& o) {
   return 0;
 }
 
-std::vector<uint32_t> parse_sizes(const std::string& s) {
-  std::vector<uint32_t> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ','))
-    out.push_back(static_cast<uint32_t>(std::stoul(item)));
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "caracal_rdma_bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--peer") return run_peer(next());
-    if (a == "--ip")
-      o.ip = next();
-    else if (a == "--device")
-      o.device = next();
-    else if (a == "--gid-index")
-      o.gid_index = next();
-    else if (a == "--warmup")
-      o.warmup = std::stoull(next());
-    else if (a == "--iterations")
-      o.iterations = std::stoull(next());
-    else if (a == "--sizes")
-      o.sizes = parse_sizes(next());
-    else if (a == "--json")
-      o.json_path = next();
-    else if (a == "--md")
-      o.md_path = next();
-    else if (a == "--header")
-      o.header.push_back(next());
-    else {
-      std::fprintf(stderr, "caracal_rdma_bench: unknown argument '%s' (see the source's header)\n",
-                   a.c_str());
-      return 2;
-    }
-  }
-  for (uint32_t s : o.sizes) {
-    if (s > kGeometry.max_message_bytes) {
-      std::fprintf(stderr, "caracal_rdma_bench: size %u exceeds the largest message (%u)\n", s,
-                   kGeometry.max_message_bytes);
-      return 2;
-    }
-  }
+  std::string peer_ip;
+  CLI::App app{"caracal_rdma_bench: an mqueue round trip over rdma next to perftest"};
+  app.add_option("--peer", peer_ip, "Internal: be the accelerator side, listening on this IP");
+  app.add_option("--ip", o.ip, "This host's address on the RDMA device")->capture_default_str();
+  app.add_option("--device", o.device, "RDMA device, for perftest")->capture_default_str();
+  app.add_option("--gid-index", o.gid_index, "GID index, for perftest")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Unmeasured round trips first")->capture_default_str();
+  app.add_option("--iterations", o.iterations, "Measured round trips per size")
+      ->capture_default_str();
+  app.add_option("--sizes", o.sizes, "Payload sizes (bytes)")
+      ->delimiter(',')
+      ->check(CLI::Range(kGeometry.max_message_bytes))
+      ->capture_default_str();
+  app.add_option("--json", o.json_path, "Write the results as JSON to this file");
+  app.add_option("--md", o.md_path, "Write the markdown report to this file too");
+  app.add_option("--header", o.header, "A line for the report (machine, commit, ...); repeatable");
+  CLI11_PARSE(app, argc, argv);
+  if (!peer_ip.empty()) return run_peer(peer_ip);
   return run_bench(o);
 }

@@ -4,10 +4,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "face_items.hpp"
+#include "frontend.hpp"
 #include "memcached_client.hpp"
 
 namespace caracal::bench::baseline {
@@ -40,6 +43,21 @@ inline std::string face_key(const std::byte* request, uint32_t bytes) {
   char key[examples::face::kMaxKeyBytes];
   const uint32_t n = examples::face::reference_key(examples::face::person_of(request, bytes), key);
   return std::string(key, n);
+}
+
+// Fetches the reference of `request` on the calling I/O thread's own memcached connection and
+// calls `then` with what came; a malformed request's `then` runs in order behind the fetches in
+// flight, so that replies keep request order.
+inline void fetch_reference(const std::byte* request, uint32_t bytes, const ReplyTo& to,
+                            const boost::asio::ip::tcp::endpoint& memcached,
+                            std::chrono::milliseconds timeout, MemcachedClient::Done then) {
+  thread_local std::shared_ptr<MemcachedClient> client;
+  if (!client) client = std::make_shared<MemcachedClient>(executor_of(to), memcached, timeout);
+  if (examples::face::well_formed(request, bytes)) {
+    client->get(face_key(request, bytes), std::move(then));
+  } else {
+    client->after_pending(std::move(then));
+  }
 }
 
 inline examples::face::Fetched fetched_of(const Fetch& f) {

@@ -38,6 +38,16 @@ struct FrontendStats {
   std::atomic<uint64_t> replies{0};
   std::atomic<uint64_t> dropped{0};  // no reply: the handler asked for none, or an error
   std::atomic<uint64_t> bad_frames{0};
+
+  // What the server ends with: "served requests R replies P dropped D bad_frames B".
+  std::string served() const {
+    char line[160];
+    std::snprintf(
+        line, sizeof(line), "served requests %lu replies %lu dropped %lu bad_frames %lu",
+        static_cast<unsigned long>(requests.load()), static_cast<unsigned long>(replies.load()),
+        static_cast<unsigned long>(dropped.load()), static_cast<unsigned long>(bad_frames.load()));
+    return line;
+  }
 };
 
 class TcpSession;
@@ -243,6 +253,19 @@ class Frontend {
   void stop() {
     for (auto& w : workers_)
       w->io.stop();
+  }
+  // run() until SIGINT or SIGTERM, which call `on_signal` (when given) and stop().
+  void run_until_signal(const std::function<void()>& on_signal = {}) {
+    asio::io_context signals_io;
+    asio::signal_set signals(signals_io, SIGINT, SIGTERM);
+    signals.async_wait([&](boost::system::error_code, int) {
+      if (on_signal) on_signal();
+      stop();
+    });
+    std::thread signal_thread([&signals_io] { signals_io.run(); });
+    run();
+    signals_io.stop();
+    signal_thread.join();
   }
 
  private:

@@ -12,7 +12,6 @@
 // Prints "listening udp PORT tcp PORT" once it serves; SIGINT/SIGTERM stop it, and it then
 // prints what it served.
 #include <CLI/CLI.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <cstdio>
 #include <thread>
 
@@ -24,27 +23,13 @@
 namespace caracal::bench::baseline {
 namespace {
 
-void print_stats(const FrontendStats& stats) {
-  std::printf("served requests %lu replies %lu dropped %lu bad_frames %lu\n",
-              static_cast<unsigned long>(stats.requests.load()),
-              static_cast<unsigned long>(stats.replies.load()),
-              static_cast<unsigned long>(stats.dropped.load()),
-              static_cast<unsigned long>(stats.bad_frames.load()));
-}
-
 // Serves `frontend` until SIGINT or SIGTERM.
 void run_until_signal(Frontend& frontend, uint32_t threads) {
   std::printf("listening udp %u tcp %u threads %u\n", frontend.udp_port(), frontend.tcp_port(),
               threads);
   std::fflush(stdout);
-  asio::io_context signals_io;
-  asio::signal_set signals(signals_io, SIGINT, SIGTERM);
-  signals.async_wait([&frontend](boost::system::error_code, int) { frontend.stop(); });
-  std::thread signal_thread([&signals_io] { signals_io.run(); });
-  frontend.run();
-  signals_io.stop();
-  signal_thread.join();
-  print_stats(frontend.stats());
+  frontend.run_until_signal();
+  std::printf("%s\n", frontend.stats().served().c_str());
 }
 
 int serve_face(const Frontend::Options& o, const FaceOptions& fo) {
@@ -53,10 +38,8 @@ int serve_face(const Frontend::Options& o, const FaceOptions& fo) {
   const std::chrono::milliseconds timeout(fo.timeout_ms);
   FrontendStats* stats = nullptr;
   auto submit = [&](const std::byte* data, uint32_t size, ReplyTo to) {
-    // The I/O thread's own connection (the Frontend's buffer is reused once this returns, so
-    // the request is copied until its reference is in).
-    thread_local std::shared_ptr<MemcachedClient> client;
-    if (!client) client = std::make_shared<MemcachedClient>(executor_of(to), memcached, timeout);
+    // The Frontend's buffer is reused once this returns: the request is copied until its
+    // reference is in.
     auto request = std::make_shared<std::vector<std::byte>>(data, data + size);
     auto answer = [request, to, stats](const Fetch& f) mutable {
       thread_local uint8_t histograms[face::kHistogramBytes];
@@ -66,11 +49,7 @@ int serve_face(const Frontend::Options& o, const FaceOptions& fo) {
                            fetched_of(f), f.value, f.value_bytes, histograms, nullptr, resp);
       send_reply(to, resp.data, resp.size, *stats);
     };
-    if (face::well_formed(data, size)) {
-      client->get(face_key(data, size), std::move(answer));
-    } else {
-      client->after_pending(std::move(answer));  // in order behind the fetches in flight
-    }
+    fetch_reference(data, size, to, memcached, timeout, std::move(answer));
   };
   Frontend frontend(o, submit);
   stats = &frontend.stats();

@@ -25,7 +25,6 @@
 //
 // Prints "listening udp PORT tcp PORT" once it serves; SIGINT/SIGTERM stop it.
 #include <CLI/CLI.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -207,8 +206,6 @@ int serve(const Frontend::Options& fo, const BatchOptions& bo, const FaceOptions
     submit = [&batchers, memcached = face.endpoint(),
               timeout = std::chrono::milliseconds(face.timeout_ms)](const std::byte* data,
                                                                     uint32_t size, ReplyTo to) {
-      thread_local std::shared_ptr<MemcachedClient> client;
-      if (!client) client = std::make_shared<MemcachedClient>(executor_of(to), memcached, timeout);
       auto request = std::make_shared<std::vector<std::byte>>(data, data + size);
       auto batch = [&batchers, request, to](const Fetch& f) mutable {
         thread_local std::vector<std::byte> item;
@@ -217,11 +214,7 @@ int serve(const Frontend::Options& fo, const BatchOptions& bo, const FaceOptions
         batcher_for(batchers, to)
             .submit(item.data(), static_cast<uint32_t>(item.size()), std::move(to));
       };
-      if (examples::face::well_formed(data, size)) {
-        client->get(face_key(data, size), std::move(batch));
-      } else {
-        client->after_pending(std::move(batch));
-      }
+      fetch_reference(data, size, to, memcached, timeout, std::move(batch));
     };
   }
   Frontend frontend(fo, submit);
@@ -239,20 +232,10 @@ int serve(const Frontend::Options& fo, const BatchOptions& bo, const FaceOptions
     for (auto& b : batchers)
       b->stop();
   };
-  asio::io_context signals_io;
-  asio::signal_set signals(signals_io, SIGINT, SIGTERM);
-  signals.async_wait([&](boost::system::error_code, int) {
-    stop_batchers();
-    frontend.stop();
-  });
-  std::thread signal_thread([&signals_io] { signals_io.run(); });
-  frontend.run();
+  frontend.run_until_signal(stop_batchers);
   stop_batchers();
   for (auto& t : gpu_threads)
     t.join();
-  signals_io.stop();
-  signal_thread.join();
-  const auto& st = frontend.stats();
   uint64_t batches = 0, requests = 0;
   std::string per_gpu;
   for (size_t i = 0; i < batchers.size(); ++i) {
@@ -261,13 +244,9 @@ int serve(const Frontend::Options& fo, const BatchOptions& bo, const FaceOptions
     per_gpu +=
         " gpu" + std::to_string(bo.devices[i]) + " " + std::to_string(batchers[i]->requests());
   }
-  std::printf(
-      "served requests %lu replies %lu dropped %lu bad_frames %lu batches %lu (mean %.1f)"
-      " requests by GPU:%s\n",
-      static_cast<unsigned long>(st.requests.load()), static_cast<unsigned long>(st.replies.load()),
-      static_cast<unsigned long>(st.dropped.load()),
-      static_cast<unsigned long>(st.bad_frames.load()), static_cast<unsigned long>(batches),
-      batches == 0 ? 0.0 : static_cast<double>(requests) / batches, per_gpu.c_str());
+  std::printf("%s batches %lu (mean %.1f) requests by GPU:%s\n", frontend.stats().served().c_str(),
+              static_cast<unsigned long>(batches),
+              batches == 0 ? 0.0 : static_cast<double>(requests) / batches, per_gpu.c_str());
   return 0;
 }
 

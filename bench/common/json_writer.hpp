@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -20,6 +21,15 @@ class JsonWriter {
   void end_object() { close('}'); }
   void begin_array() { open('['); }
   void end_array() { close(']'); }
+  // An object or an array as the value of key `k`.
+  void begin_object(std::string_view k) {
+    key(k);
+    begin_object();
+  }
+  void begin_array(std::string_view k) {
+    key(k);
+    begin_array();
+  }
 
   // The key of the next value inside an object.
   void key(std::string_view k) {
@@ -67,11 +77,28 @@ class JsonWriter {
     separate();
     out_ << "null";
   }
+  // A value that may be missing: null then.
+  template <class T>
+  void value(const std::optional<T>& v) {
+    if (v) {
+      value(*v);
+    } else {
+      null();
+    }
+  }
 
   template <class T>
   void field(std::string_view k, const T& v) {
     key(k);
     value(v);
+  }
+  // An array of every element of `range` under key `k`.
+  template <class Range>
+  void array(std::string_view k, const Range& range) {
+    begin_array(k);
+    for (const auto& v : range)
+      value(v);
+    end_array();
   }
 
  private:

@@ -128,7 +128,8 @@ void Engine::fail_elsewhere(const std::shared_ptr<AgentRegion>& region, const st
 
 void Engine::note_dispatched(const AgentRegion& region, uint32_t queue) {
   if (hosted_index_ >= 0) ++hosted_dispatches_;
-  threads_[thread_of(region, queue)]->note_dispatched();
+  const uint32_t thread = thread_of(region, queue);
+  threads_[thread]->note_dispatched(hosted_index_ == static_cast<int>(thread));
 }
 
 void Engine::notify(uint32_t thread) {

@@ -78,12 +78,17 @@ class EngineThread {
   // A request was queued in one of this thread's inboxes. The count it raises is also what a
   // sleeping thread is woken for (see sleep_until_woken()), so a dispatch costs one shared
   // read-modify-write.
-  void note_dispatched() {
+  // `by_host`: the caller is a handler that this thread's own host runs (the request was read
+  // by the I/O thread hosting it). Then no wake-up is needed: a sleeping host is inside the
+  // run_one_for() that runs this very handler, which returns when the handler does, and an
+  // awake one takes the request in its next round. The wake-up would be a post of an empty
+  // handler to itself, an allocation per request read while asleep.
+  void note_dispatched(bool by_host) {
     // Pairs with sleep_until_woken(): Dekker-style, the submitter raises in_flight_ and then
     // reads sleeping_; the thread sets sleeping_ and then reads in_flight_. Both seq_cst, so at
     // least one of them sees the other: the thread does not sleep, or the submitter wakes it.
     in_flight_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleeping_.load(std::memory_order_seq_cst)) wake();
+    if (!by_host && sleeping_.load(std::memory_order_seq_cst)) wake();
   }
   void notify();
   int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }

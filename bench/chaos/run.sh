@@ -47,12 +47,11 @@ BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR OUT_DIR}")
 OUT=${2:?usage: run.sh BUILD_DIR OUT_DIR}
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
+source "$SRC/bench/lib/bench.sh"
 SERVER_BIN="$BUILD/snic_server/snic_server"
 AGENT_BIN="$BUILD/examples/echo/caracal_echo_agent"
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
-for bin in "$SERVER_BIN" "$AGENT_BIN" "$LOADGEN"; do
-  [ -x "$bin" ] || { echo "run.sh: $bin is not built" >&2; exit 2; }
-done
+need_built "$SERVER_BIN" "$AGENT_BIN" "$LOADGEN"
 for tool in curl python3; do
   command -v "$tool" >/dev/null || { echo "run.sh: $tool is missing" >&2; exit 77; }
 done
@@ -70,7 +69,7 @@ ENGINE_THREADS=${ENGINE_THREADS:-2}
 LOAD_PERCENT=${LOAD_PERCENT:-${CARACAL_E2E_LOAD_PERCENT:-100}}
 TIME_SCALE=${TIME_SCALE:-${CARACAL_E2E_TIME_SCALE:-1}}
 SEED=${SEED:-$(((RANDOM << 15) | RANDOM))}
-COMMIT=${CARACAL_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+COMMIT=$(commit_id)
 RANDOM=$SEED
 
 mkdir -p "$OUT"
@@ -341,7 +340,7 @@ END=$(now)
 event run_end loadavg "$(cut -d" " -f1 /proc/loadavg)"
 cat "$OUT"/client-udp.out "$OUT"/client-tcp.out
 
-machine=$(lscpu 2>/dev/null | sed -nE 's/^Model name: +//p' | head -1)
+machine=$(cpu_model)
 python3 "$HERE/reconcile.py" "$OUT" --commit "$COMMIT" --seed "$SEED" \
   --settings "CYCLES=$CYCLES SERVER_EVERY=$SERVER_EVERY SERVER_KILL=$SERVER_KILL AGENT_DOWN_MS=$AGENT_DOWN_MS SETTLE_MS=$SETTLE_MS CONNECTIONS=$CONNECTIONS WINDOW=$WINDOW SIZES=$SIZES TIMEOUT_MS=$TIMEOUT_MS ENGINE_THREADS=$ENGINE_THREADS LOAD_PERCENT=$LOAD_PERCENT" \
   --machine "$(nproc) CPUs, ${machine:-unknown CPU}, $(uname -r)" \

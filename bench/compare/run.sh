@@ -64,7 +64,7 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
-source "$HERE/lib.sh"
+source "$SRC/bench/lib/bench.sh"
 usage="usage: run.sh [SCENARIO] BUILD_DIR RESULTS_DIR [--cpu-only] [NAME[=PATH]...]"
 die() { echo "run.sh: $*" >&2; exit 2; }
 has() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }

@@ -20,6 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
+source bench/lib/bench.sh
 
 pmd=${PMD:-af_packet}
 rounds=${ROUNDS:-5}
@@ -30,11 +31,8 @@ results=${RESULTS_DIR:-bench/results}
 build=${BUILD:-build-bench}
 [ "$(id -u)" -eq 0 ] || { echo "bench/dpdk/run.sh: needs root (a network namespace)" >&2; exit 1; }
 
-if [ -z "${BUILD:-}" ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_WITH_CUDA=OFF \
-    -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF >/dev/null
-  ninja -C "$build" -j "${JOBS:-2}" snic_server caracal_echo_agent
-fi
+[ -n "${BUILD:-}" ] || release_build . "$build" "$build/build.log" "${JOBS:-2}" -DCARACAL_WITH_CUDA=OFF \
+  -DCARACAL_BUILD_BENCH=OFF -- snic_server caracal_echo_agent || exit 1
 server_bin="$root/$build/snic_server/snic_server"
 agent_bin="$root/$build/examples/echo/caracal_echo_agent"
 build_type=$(sed -nE 's/^CMAKE_BUILD_TYPE:[A-Z]+=(.*)/\1/p' "$build/CMakeCache.txt")
@@ -135,10 +133,7 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 
-commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if [ "$commit" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
-  commit="$commit-dirty"
-fi
+commit=$(commit_id)
 host=$(hostname -s 2>/dev/null || hostname)
 mkdir -p "$results"
 base="$results/dpdk-udp-$pmd-$host"

@@ -41,20 +41,19 @@
 #   TIME_SCALE [1]        multiplies the waits for processes (CARACAL_E2E_TIME_SCALE when set)
 #   SEED [random]         seeds the random waits and the clients' requests (recorded)
 #   CARACAL_COMMIT        the commit named in the report (default: git rev-parse of the source)
-set -euo pipefail
-
 BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR OUT_DIR}")
 OUT=${2:?usage: run.sh BUILD_DIR OUT_DIR}
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
+TIME_SCALE=${TIME_SCALE:-${CARACAL_E2E_TIME_SCALE:-1}}
+set -- "$BUILD" "$SRC"
 source "$SRC/bench/lib/bench.sh"
-SERVER_BIN="$BUILD/snic_server/snic_server"
-AGENT_BIN="$BUILD/examples/echo/caracal_echo_agent"
+# Its cleanup stops every process of PIDS at the end, and on a failure shows the queue metrics.
+source "$SRC/tests/e2e/lib.sh"
+AGENT_BIN=$ECHO_AGENT
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
 need_built "$SERVER_BIN" "$AGENT_BIN" "$LOADGEN"
-for tool in curl python3; do
-  command -v "$tool" >/dev/null || { echo "run.sh: $tool is missing" >&2; exit 77; }
-done
+need curl python3
 
 CYCLES=${CYCLES:-50}
 SERVER_EVERY=${SERVER_EVERY:-10}
@@ -67,7 +66,6 @@ SIZES=${SIZES:-16:1,256:1,1000:1}
 TIMEOUT_MS=${TIMEOUT_MS:-1000}
 ENGINE_THREADS=${ENGINE_THREADS:-2}
 LOAD_PERCENT=${LOAD_PERCENT:-${CARACAL_E2E_LOAD_PERCENT:-100}}
-TIME_SCALE=${TIME_SCALE:-${CARACAL_E2E_TIME_SCALE:-1}}
 SEED=${SEED:-$(((RANDOM << 15) | RANDOM))}
 COMMIT=$(commit_id)
 RANDOM=$SEED
@@ -77,9 +75,7 @@ OUT=$(realpath "$OUT")
 rm -f "$OUT"/*.log "$OUT"/*.json "$OUT"/*.jsonl "$OUT"/*.prom "$OUT"/*.yaml "$OUT"/report.md
 EVENTS="$OUT/events.jsonl"
 : >"$EVENTS"
-SECRET="chaos-secret-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 
-now() { date +%s.%N; }
 # event NAME [KEY VALUE]...: one line of events.jsonl (values are numbers or plain words).
 event() {
   local line
@@ -107,19 +103,6 @@ fault() {
 SERVER_PID=
 AGENT_PIDS=(0 0 0)
 CLIENT_PIDS=()
-cleanup() {
-  local rc=$?
-  for pid in "${CLIENT_PIDS[@]}" "${AGENT_PIDS[1]}" "${AGENT_PIDS[2]}" $SERVER_PID; do
-    [ "$pid" != 0 ] && kill -TERM "$pid" 2>/dev/null || true
-  done
-  for pid in "${CLIENT_PIDS[@]}" "${AGENT_PIDS[1]}" "${AGENT_PIDS[2]}" $SERVER_PID; do
-    [ "$pid" = 0 ] && continue
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-  exit "$rc"
-}
-trap cleanup EXIT
 
 # wait_until SECONDS COMMAND...: 0 once COMMAND succeeds, 1 after SECONDS (times TIME_SCALE).
 wait_until() {
@@ -134,8 +117,6 @@ wait_until() {
 
 # Ports below the ephemeral range, so that no socket bound to port 0 can hold one (the server
 # binds the same ones again at every restart): UDP, TCP, control, metrics in a row.
-read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range
-[ "$ephemeral_low" -gt 11024 ] || ephemeral_low=32768
 ports_free() {
   local p
   command -v ss >/dev/null || return 0
@@ -144,6 +125,7 @@ ports_free() {
   done
 }
 for _ in $(seq 20); do
+  # shellcheck disable=SC2154 # tests/e2e/lib.sh reads the kernel's ephemeral range
   BASE=$((10000 + RANDOM % (ephemeral_low - 10010)))
   ports_free "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 3)) && break
 done
@@ -178,9 +160,6 @@ done
 INCARNATION=0
 attached() { grep -c "agent '$1' region for service 'echo' attached" "$OUT/server-$INCARNATION.log" 2>/dev/null || true; }
 serving() { grep -q "serving [0-9]* service" "$OUT/server-$INCARNATION.log" 2>/dev/null; }
-metric() {
-  curl -sf -m 2 "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E "^$1" | awk '{s += $NF} END {print s + 0}'
-}
 # scrape: the metrics of this incarnation, kept as its last scrape (and when it was taken).
 scrape() {
   local t
@@ -208,6 +187,7 @@ start_server() {
   event server_start incarnation "$INCARNATION"
   "$SERVER_BIN" --config "$OUT/server.yaml" >"$OUT/server-$INCARNATION.log" 2>&1 &
   SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
   wait_until 10 serving || fault "snic_server incarnation $INCARNATION did not start serving"
   event server_serving incarnation "$INCARNATION"
 }
@@ -218,6 +198,7 @@ start_agent() {
   event agent_start agent "echo-$a" incarnation "$INCARNATION"
   "$AGENT_BIN" --config "$OUT/echo-$a.yaml" >>"$OUT/echo-$a.log" 2>&1 &
   AGENT_PIDS[$a]=$!
+  PIDS+=("$!")
 }
 # replies_reach N: the server's replies reach N on each listener in this incarnation (UDP
 # requests lost in a restart are sent again only after TIMEOUT_MS).
@@ -268,7 +249,7 @@ client() {
     --seed $((SEED + id)) --error-prefix "ERROR " --timeout-ms "$TIMEOUT_MS" --timeline-ms 50 \
     --warmup 0 --duration 3600 --until-signal ${4:+"$4"} ${5:+"$5"} \
     --json "$OUT/client-$proto.json" >"$OUT/client-$proto.out" 2>&1 &
-  CLIENT_PIDS+=($!)
+  CLIENT_PIDS+=($!) PIDS+=($!)
 }
 client udp 1 "$UDP_PORT"
 client tcp 2 "$TCP_PORT" --reconnect-ms 50
@@ -336,6 +317,8 @@ for a in 1 2; do
   event agent_exit agent "echo-$a" rc "$rc"
   [ "$rc" -eq 0 ] || fault "agent echo-$a exited $rc after SIGTERM"
 done
+# shellcheck disable=SC2034 # what lib.sh's cleanup stops: nothing left
+PIDS=()
 END=$(now)
 event run_end loadavg "$(cut -d" " -f1 /proc/loadavg)"
 cat "$OUT"/client-udp.out "$OUT"/client-tcp.out

@@ -391,13 +391,8 @@ def plots(run, results):
     if opens:
         fig, ax = plt.subplots(figsize=(6, 4))
         for server, n in sorted({(p["server"], p["accelerators"]) for p in opens}):
-            g = sorted(cb.matching(opens, server=server, accelerators=n),
-                       key=lambda p: p.get("offered_rps") or 0)
-            xs = [(p.get("offered_rps") or 0) / 1000 for p in g]
-            ax.plot(xs, [(p["latency"].get("p50_ns") or 0) / 1000 for p in g], marker="o",
-                    label=f"{server}, {n} {kind}, p50")
-            ax.plot(xs, [(p["latency"].get("p99_ns") or 0) / 1000 for p in g], marker="x",
-                    linestyle="--", label=f"{server}, {n} {kind}, p99")
+            cb.plot_latency_against_load(ax, cb.matching(opens, server=server, accelerators=n),
+                                         f"{server}, {n} {kind},")
         cb.save_chart(plt, fig, ax, os.path.join(results, "gpus-latency.png"), legend_size=7,
                       xlabel="offered k req/s (UDP, open loop)", ylabel="latency us",
                       yscale="log")

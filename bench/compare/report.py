@@ -19,12 +19,8 @@ def sockperf_latency(path):
     """p50/p90/p99/p99.9/max/average latency (us) and the message counts of a sockperf point,
     or None. run.sh passes --full-rtt (round_trip); older runs recorded half of one."""
     s = cb.sockperf(path)
-    pct = s.get("percentile_us", {})
-    out = {k: s[k] for k in ("round_trip", "avg_us") if k in s}
-    out.update((k, pct[p]) for k, p in (("p50_us", 50), ("p90_us", 90), ("p99_us", 99),
-                                        ("p999_us", 99.9)) if p in pct)
-    out.update((k, s[k]) for k in ("max_us", "dropped", "duplicated", "out_of_order") if k in s)
-    return out or None
+    return {k: s[k] for k in ("round_trip", "avg_us", "p50_us", "p90_us", "p99_us", "p999_us",
+                              "max_us", "dropped", "duplicated", "out_of_order") if k in s} or None
 
 
 # Kernel symbols that copy a message between user memory and socket buffers.

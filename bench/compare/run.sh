@@ -603,7 +603,7 @@ facts() {
     cat <<JSON
 {"commit": "${CARACAL_COMMIT:-$(git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)}", "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "accelerator": "$([ "$GPUS" -ge 1 ] && echo gpu || echo cpu)",
  "gpus": $GPUS, "gpu": "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)",
- "cpu": "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -1)", "cpus": $(nproc),
+ "cpu": "$(cpu_model)", "cpus": $(nproc),
  "physical_cores": ${#CORES[@]}, "kernel": "$(uname -r)",
  "params": {"layouts": "$LAYOUTS", "protos": "$PROTOS", "size": $SIZE, "rounds": $ROUNDS,
   "duration_s": $DURATION, "warmup_s": $WARMUP, "conns_per_thread": $SAT_PER_THREAD,
@@ -623,7 +623,7 @@ JSON
   fi
   cat <<JSON
 {"date_utc": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "commit": "$commit", "cpu_only": $([ "$CPU_ONLY" = 1 ] && echo true || echo false), $gpu,
- "cpu_model": "$(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)", "online_cpus": $(nproc --all),
+ "cpu_model": "$(cpu_model)", "online_cpus": $(nproc --all),
  "kernel": "$(uname -sr)", "hostname": "$(hostname)", "servers": "$SERVERS"$more,
  "params": {$params},
  "failed_points": $FAILED}

@@ -155,6 +155,13 @@ def md_table(head, rows=(), compact=False):
     return [md_row(head), md_rule(len(head), compact)] + [md_row(r) for r in rows]
 
 
+def md_section(title, head, rows, *intro, compact=False):
+    """A section's lines: "## TITLE", each INTRO paragraph, the table of HEAD and ROWS, each
+    followed by a blank line."""
+    return ([f"## {title}", ""] + [line for p in intro for line in (p, "")]
+            + md_table(head, rows, compact) + [""])
+
+
 # Plots.
 
 def pyplot(script):

@@ -3,9 +3,8 @@
 runs.
 
     gpus_report.py RESULTS_DIR                     gpus.json, gpus.md and, with matplotlib, plots
-    gpus_report.py --page URL                      the metrics page, now
     gpus_report.py --scrape URL|FILE               "agent<TAB>answered" lines, now or from a
-                                                   page that --page saved
+                                                   saved page
     gpus_report.py --sample URL OUT INTERVAL_MS    the same every INTERVAL_MS ms as JSON lines
                                                    ({"t": unix seconds, "answered": {...}}) into
                                                    OUT, until SIGTERM
@@ -429,9 +428,6 @@ def report(results):
 
 
 def main(argv):
-    if len(argv) == 3 and argv[1] == "--page":
-        sys.stdout.write(cb.metrics_page(argv[2]))
-        return 0
     if len(argv) == 3 and argv[1] == "--scrape":
         for agent, n in sorted(scrape(argv[2]).items()):
             print(f"{agent}\t{n}")

@@ -9,6 +9,7 @@ out=${2:?output directory}
 rounds=${3:-3}
 cd "$(dirname "$0")/../.."
 source bench/lib/bench.sh
+mkdir -p "$out"
 for t in . "$base"; do
   release_build "$t" "$t/build-ab" "$out/build-$(basename "$t").log" "$(nproc)" -- caracal_gpu_bench
 done

@@ -21,7 +21,8 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${2:-$SRC/bench/results/idle-cpu-agent}
 set -- "$BUILD" "$SRC"
 source "$SRC/bench/lib/bench.sh"
-source "$SRC/tests/e2e/lib.sh"
+# The agent on the CPU over shm, whatever the environment says for the end-to-end tests.
+CARACAL_E2E_ACCELERATOR=cpu CARACAL_E2E_TRANSPORT=shm source "$SRC/tests/e2e/lib.sh"
 ROUNDS=${ROUNDS:-3}
 IDLE_S=${IDLE_S:-5}
 DURATION=${DURATION:-5}

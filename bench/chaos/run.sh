@@ -182,7 +182,9 @@ check_alive() {
   done
 }
 
-start_server() {
+# Not lib.sh's start_server and start_agent: each incarnation binds the same ports again, and
+# the agents' configs and logs live in OUT_DIR for the reconciliation.
+start_incarnation() {
   INCARNATION=$((INCARNATION + 1))
   event server_start incarnation "$INCARNATION"
   "$SERVER_BIN" --config "$OUT/server.yaml" >"$OUT/server-$INCARNATION.log" 2>&1 &
@@ -193,7 +195,7 @@ start_server() {
 }
 # agents_attached N1 N2: the server has attached echo-1's region N1 times and echo-2's N2 times.
 agents_attached() { [ "$(attached echo-1)" -ge "$1" ] && [ "$(attached echo-2)" -ge "$2" ]; }
-start_agent() {
+start_echo() {
   local a=$1
   event agent_start agent "echo-$a" incarnation "$INCARNATION"
   "$AGENT_BIN" --config "$OUT/echo-$a.yaml" >>"$OUT/echo-$a.log" 2>&1 &
@@ -236,9 +238,9 @@ stop_server() {
 echo "chaos: $CYCLES agent cycles, a server restart every $SERVER_EVERY (kill -9 at ${SERVER_KILL:-none}), seed $SEED, ports $BASE-$((BASE + 3)), results in $OUT"
 START=$(now)
 event run_start seed "$SEED" cycles "$CYCLES" server_every "$SERVER_EVERY" loadavg "$(cut -d" " -f1 /proc/loadavg)"
-start_server
-start_agent 1
-start_agent 2
+start_incarnation
+start_echo 1
+start_echo 2
 wait_until 10 agents_attached 1 1 || fault "the agents did not register"
 
 # The clients: until SIGINT, replies checked, TCP reconnecting by itself.
@@ -266,7 +268,7 @@ for cycle in $(seq "$CYCLES"); do
   wait "${AGENT_PIDS[$a]}" 2>/dev/null || true
   AGENT_PIDS[$a]=0
   sleep_ms "$(pick "$AGENT_DOWN_MS")"
-  start_agent "$a"
+  start_echo "$a"
   wait_until 10 bash -c "[ \$(grep -c \"agent 'echo-$a' region for service 'echo' attached\" '$OUT/server-$INCARNATION.log') -gt $before ]" ||
     fault "echo-$a did not register again after its restart (cycle $cycle)"
   event agent_attached agent "echo-$a" cycle "$cycle" incarnation "$INCARNATION"
@@ -279,7 +281,7 @@ for cycle in $(seq "$CYCLES"); do
     [[ ",$SERVER_KILL," == *",$restarts,"* ]] && how="kill"
     echo "cycle $cycle: server restart $restarts ($how)"
     stop_server "$how"
-    start_server
+    start_incarnation
     # The agents were not touched: they must notice and register again by themselves.
     wait_until 20 agents_attached 1 1 ||
       fault "the agents did not register again by themselves after server restart $restarts"

@@ -41,21 +41,19 @@
 #   TIME_SCALE [1]        multiplies the waits for processes (CARACAL_E2E_TIME_SCALE when set)
 #   SEED [random]         seeds the random waits and the clients' requests (recorded)
 #   CARACAL_COMMIT        the commit named in the report (default: git rev-parse of the source)
-set -euo pipefail
-
 BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR OUT_DIR}")
 OUT=${2:?usage: run.sh BUILD_DIR OUT_DIR}
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
-SERVER_BIN="$BUILD/snic_server/snic_server"
-AGENT_BIN="$BUILD/examples/echo/caracal_echo_agent"
+TIME_SCALE=${TIME_SCALE:-${CARACAL_E2E_TIME_SCALE:-1}}
+set -- "$BUILD" "$SRC"
+source "$SRC/bench/lib/bench.sh"
+# Its cleanup stops every process of PIDS at the end, and on a failure shows the queue metrics.
+source "$SRC/tests/e2e/lib.sh"
+AGENT_BIN=$ECHO_AGENT
 LOADGEN="$BUILD/bench/loadgen/caracal_loadgen"
-for bin in "$SERVER_BIN" "$AGENT_BIN" "$LOADGEN"; do
-  [ -x "$bin" ] || { echo "run.sh: $bin is not built" >&2; exit 2; }
-done
-for tool in curl python3; do
-  command -v "$tool" >/dev/null || { echo "run.sh: $tool is missing" >&2; exit 77; }
-done
+need_built "$SERVER_BIN" "$AGENT_BIN" "$LOADGEN"
+need curl python3
 
 CYCLES=${CYCLES:-50}
 SERVER_EVERY=${SERVER_EVERY:-10}
@@ -68,9 +66,8 @@ SIZES=${SIZES:-16:1,256:1,1000:1}
 TIMEOUT_MS=${TIMEOUT_MS:-1000}
 ENGINE_THREADS=${ENGINE_THREADS:-2}
 LOAD_PERCENT=${LOAD_PERCENT:-${CARACAL_E2E_LOAD_PERCENT:-100}}
-TIME_SCALE=${TIME_SCALE:-${CARACAL_E2E_TIME_SCALE:-1}}
 SEED=${SEED:-$(((RANDOM << 15) | RANDOM))}
-COMMIT=${CARACAL_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+COMMIT=$(commit_id)
 RANDOM=$SEED
 
 mkdir -p "$OUT"
@@ -78,9 +75,7 @@ OUT=$(realpath "$OUT")
 rm -f "$OUT"/*.log "$OUT"/*.json "$OUT"/*.jsonl "$OUT"/*.prom "$OUT"/*.yaml "$OUT"/report.md
 EVENTS="$OUT/events.jsonl"
 : >"$EVENTS"
-SECRET="chaos-secret-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 
-now() { date +%s.%N; }
 # event NAME [KEY VALUE]...: one line of events.jsonl (values are numbers or plain words).
 event() {
   local line
@@ -108,19 +103,6 @@ fault() {
 SERVER_PID=
 AGENT_PIDS=(0 0 0)
 CLIENT_PIDS=()
-cleanup() {
-  local rc=$?
-  for pid in "${CLIENT_PIDS[@]}" "${AGENT_PIDS[1]}" "${AGENT_PIDS[2]}" $SERVER_PID; do
-    [ "$pid" != 0 ] && kill -TERM "$pid" 2>/dev/null || true
-  done
-  for pid in "${CLIENT_PIDS[@]}" "${AGENT_PIDS[1]}" "${AGENT_PIDS[2]}" $SERVER_PID; do
-    [ "$pid" = 0 ] && continue
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-  exit "$rc"
-}
-trap cleanup EXIT
 
 # wait_until SECONDS COMMAND...: 0 once COMMAND succeeds, 1 after SECONDS (times TIME_SCALE).
 wait_until() {
@@ -135,8 +117,6 @@ wait_until() {
 
 # Ports below the ephemeral range, so that no socket bound to port 0 can hold one (the server
 # binds the same ones again at every restart): UDP, TCP, control, metrics in a row.
-read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range
-[ "$ephemeral_low" -gt 11024 ] || ephemeral_low=32768
 ports_free() {
   local p
   command -v ss >/dev/null || return 0
@@ -145,6 +125,7 @@ ports_free() {
   done
 }
 for _ in $(seq 20); do
+  # shellcheck disable=SC2154 # tests/e2e/lib.sh reads the kernel's ephemeral range
   BASE=$((10000 + RANDOM % (ephemeral_low - 10010)))
   ports_free "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 3)) && break
 done
@@ -179,9 +160,6 @@ done
 INCARNATION=0
 attached() { grep -c "agent '$1' region for service 'echo' attached" "$OUT/server-$INCARNATION.log" 2>/dev/null || true; }
 serving() { grep -q "serving [0-9]* service" "$OUT/server-$INCARNATION.log" 2>/dev/null; }
-metric() {
-  curl -sf -m 2 "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E "^$1" | awk '{s += $NF} END {print s + 0}'
-}
 # scrape: the metrics of this incarnation, kept as its last scrape (and when it was taken).
 scrape() {
   local t
@@ -204,21 +182,25 @@ check_alive() {
   done
 }
 
-start_server() {
+# Not lib.sh's start_server and start_agent: each incarnation binds the same ports again, and
+# the agents' configs and logs live in OUT_DIR for the reconciliation.
+start_incarnation() {
   INCARNATION=$((INCARNATION + 1))
   event server_start incarnation "$INCARNATION"
   "$SERVER_BIN" --config "$OUT/server.yaml" >"$OUT/server-$INCARNATION.log" 2>&1 &
   SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
   wait_until 10 serving || fault "snic_server incarnation $INCARNATION did not start serving"
   event server_serving incarnation "$INCARNATION"
 }
 # agents_attached N1 N2: the server has attached echo-1's region N1 times and echo-2's N2 times.
 agents_attached() { [ "$(attached echo-1)" -ge "$1" ] && [ "$(attached echo-2)" -ge "$2" ]; }
-start_agent() {
+start_echo() {
   local a=$1
   event agent_start agent "echo-$a" incarnation "$INCARNATION"
   "$AGENT_BIN" --config "$OUT/echo-$a.yaml" >>"$OUT/echo-$a.log" 2>&1 &
   AGENT_PIDS[$a]=$!
+  PIDS+=("$!")
 }
 # replies_reach N: the server's replies reach N on each listener in this incarnation (UDP
 # requests lost in a restart are sent again only after TIMEOUT_MS).
@@ -256,9 +238,9 @@ stop_server() {
 echo "chaos: $CYCLES agent cycles, a server restart every $SERVER_EVERY (kill -9 at ${SERVER_KILL:-none}), seed $SEED, ports $BASE-$((BASE + 3)), results in $OUT"
 START=$(now)
 event run_start seed "$SEED" cycles "$CYCLES" server_every "$SERVER_EVERY" loadavg "$(cut -d" " -f1 /proc/loadavg)"
-start_server
-start_agent 1
-start_agent 2
+start_incarnation
+start_echo 1
+start_echo 2
 wait_until 10 agents_attached 1 1 || fault "the agents did not register"
 
 # The clients: until SIGINT, replies checked, TCP reconnecting by itself.
@@ -269,7 +251,7 @@ client() {
     --seed $((SEED + id)) --error-prefix "ERROR " --timeout-ms "$TIMEOUT_MS" --timeline-ms 50 \
     --warmup 0 --duration 3600 --until-signal ${4:+"$4"} ${5:+"$5"} \
     --json "$OUT/client-$proto.json" >"$OUT/client-$proto.out" 2>&1 &
-  CLIENT_PIDS+=($!)
+  CLIENT_PIDS+=($!) PIDS+=($!)
 }
 client udp 1 "$UDP_PORT"
 client tcp 2 "$TCP_PORT" --reconnect-ms 50
@@ -286,7 +268,7 @@ for cycle in $(seq "$CYCLES"); do
   wait "${AGENT_PIDS[$a]}" 2>/dev/null || true
   AGENT_PIDS[$a]=0
   sleep_ms "$(pick "$AGENT_DOWN_MS")"
-  start_agent "$a"
+  start_echo "$a"
   wait_until 10 bash -c "[ \$(grep -c \"agent 'echo-$a' region for service 'echo' attached\" '$OUT/server-$INCARNATION.log') -gt $before ]" ||
     fault "echo-$a did not register again after its restart (cycle $cycle)"
   event agent_attached agent "echo-$a" cycle "$cycle" incarnation "$INCARNATION"
@@ -299,7 +281,7 @@ for cycle in $(seq "$CYCLES"); do
     [[ ",$SERVER_KILL," == *",$restarts,"* ]] && how="kill"
     echo "cycle $cycle: server restart $restarts ($how)"
     stop_server "$how"
-    start_server
+    start_incarnation
     # The agents were not touched: they must notice and register again by themselves.
     wait_until 20 agents_attached 1 1 ||
       fault "the agents did not register again by themselves after server restart $restarts"
@@ -337,11 +319,13 @@ for a in 1 2; do
   event agent_exit agent "echo-$a" rc "$rc"
   [ "$rc" -eq 0 ] || fault "agent echo-$a exited $rc after SIGTERM"
 done
+# shellcheck disable=SC2034 # what lib.sh's cleanup stops: nothing left
+PIDS=()
 END=$(now)
 event run_end loadavg "$(cut -d" " -f1 /proc/loadavg)"
 cat "$OUT"/client-udp.out "$OUT"/client-tcp.out
 
-machine=$(lscpu 2>/dev/null | sed -nE 's/^Model name: +//p' | head -1)
+machine=$(cpu_model)
 python3 "$HERE/reconcile.py" "$OUT" --commit "$COMMIT" --seed "$SEED" \
   --settings "CYCLES=$CYCLES SERVER_EVERY=$SERVER_EVERY SERVER_KILL=$SERVER_KILL AGENT_DOWN_MS=$AGENT_DOWN_MS SETTLE_MS=$SETTLE_MS CONNECTIONS=$CONNECTIONS WINDOW=$WINDOW SIZES=$SIZES TIMEOUT_MS=$TIMEOUT_MS ENGINE_THREADS=$ENGINE_THREADS LOAD_PERCENT=$LOAD_PERCENT" \
   --machine "$(nproc) CPUs, ${machine:-unknown CPU}, $(uname -r)" \

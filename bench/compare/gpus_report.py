@@ -3,9 +3,8 @@
 runs.
 
     gpus_report.py RESULTS_DIR                     gpus.json, gpus.md and, with matplotlib, plots
-    gpus_report.py --page URL                      the metrics page, now
     gpus_report.py --scrape URL|FILE               "agent<TAB>answered" lines, now or from a
-                                                   page that --page saved
+                                                   saved page
     gpus_report.py --sample URL OUT INTERVAL_MS    the same every INTERVAL_MS ms as JSON lines
                                                    ({"t": unix seconds, "answered": {...}}) into
                                                    OUT, until SIGTERM
@@ -149,13 +148,7 @@ def scaling_section(run, md):
         return
     kind = "CPU agents" if run["cpu_only"] else "GPUs"
     servers, protos = run["servers"].split(), run["params"]["protos"].split()
-    md += [f"## Throughput against {kind}\n",
-           f"{workload(run)}, {run['params']['size']} B requests; closed loop, "
-           f"{run['params']['sat_connections']} connections x {run['params']['sat_window']} in "
-           "flight. k req/s (speedup over 1; server cores; p50 / p99 us)."
-           + pinning(run["params"]) + "\n"]
-    md += cb.md_table(["server", "proto"] + [f"{n} {kind}" for n in counts])
-    run["scaling"] = []
+    rows, run["scaling"] = [], []
     for server in servers:
         for proto in protos:
             cells = []
@@ -175,8 +168,13 @@ def scaling_section(run, md):
                 run["scaling"].append({"server": server, "proto": proto, "accelerators": n,
                                        "rps": rps, "speedup": speedup,
                                        "cpu_cores": p["cpu_cores"]})
-            md.append(cb.md_row([server, proto] + cells))
-    md.append("")
+            rows.append([server, proto] + cells)
+    md += cb.md_section(f"Throughput against {kind}", ["server", "proto"]
+                        + [f"{n} {kind}" for n in counts], rows,
+                        f"{workload(run)}, {run['params']['size']} B requests; closed loop, "
+                        f"{run['params']['sat_connections']} connections x "
+                        f"{run['params']['sat_window']} in flight. k req/s (speedup over 1; "
+                        "server cores; p50 / p99 us)." + pinning(run["params"]))
     # Caracal over the host-centric server at each count.
     if "caracal" in servers and "host_centric" in servers:
         md.append("Caracal over host_centric:\n")
@@ -193,18 +191,16 @@ def scaling_section(run, md):
 
     opens = [p for p in pts if p["kind"].startswith("open-")]
     if opens:
-        md.append("## Latency against load (UDP, open loop)\n")
-        md += cb.md_table(["server", "accelerators", "offered k req/s", "served k req/s",
-                           "p50 us", "p99 us", "p99.9 us", "lost"])
-        for p in sorted(opens, key=lambda p: (p["server"], p["accelerators"],
-                                              p.get("offered_rps") or 0)):
-            lat = p.get("latency") or {}
-            md.append(cb.md_row([p["server"], str(p["accelerators"]),
-                                 cb.rps_as_krps(p.get("offered_rps")),
-                                 cb.rps_as_krps(p.get("throughput_rps"))]
-                                + [whole_us(lat.get(k)) for k in ("p50_ns", "p99_ns", "p999_ns")]
-                                + [str((p.get("counts") or {}).get("lost", "-"))]))
-        md.append("")
+        md += cb.md_section(
+            "Latency against load (UDP, open loop)",
+            ["server", "accelerators", "offered k req/s", "served k req/s", "p50 us", "p99 us",
+             "p99.9 us", "lost"],
+            [[p["server"], str(p["accelerators"]), cb.rps_as_krps(p.get("offered_rps")),
+              cb.rps_as_krps(p.get("throughput_rps"))]
+             + [whole_us((p.get("latency") or {}).get(k)) for k in ("p50_ns", "p99_ns", "p999_ns")]
+             + [str((p.get("counts") or {}).get("lost", "-"))]
+             for p in sorted(opens, key=lambda p: (p["server"], p["accelerators"],
+                                                   p.get("offered_rps") or 0))])
 
 
 def machine_section(run, md):
@@ -216,21 +212,17 @@ def machine_section(run, md):
     if not pts:
         return
     face = any(p.get("memcached_cores") is not None for p in pts)
-    md += ["## Where the machine's CPUs went at saturation\n",
-           f"Cores over each point (the server's processes and the whole machine from `/proc`, "
-           f"the client's threads from caracal_loadgen over its measured window); the machine "
-           f"has {run['online_cpus']} CPUs.\n"]
-    md += cb.md_table(["server", "proto", "accelerators", "k req/s", "server"]
-                      + ["memcached"] * face + ["client", "machine", "machine idle"])
-    for p in by_point(pts):
-        mc = p.get("memcached_cores")
-        md.append(cb.md_row([p["server"], p["proto"], str(p["accelerators"]),
-                             cb.rps_as_krps(p.get("throughput_rps")), f"{p['cpu_cores']:.1f}"]
-                            + ([f"{mc:.1f}"] if face else [])
-                            + [cb.num((p.get("client_cpu") or {}).get("cores")),
-                               f"{p['machine_cores']:.1f}",
-                               f"{run['online_cpus'] - p['machine_cores']:.1f}"]))
-    md.append("")
+    md += cb.md_section(
+        "Where the machine's CPUs went at saturation",
+        ["server", "proto", "accelerators", "k req/s", "server"] + ["memcached"] * face
+        + ["client", "machine", "machine idle"],
+        [[p["server"], p["proto"], str(p["accelerators"]), cb.rps_as_krps(p.get("throughput_rps")),
+          f"{p['cpu_cores']:.1f}"] + ([f"{p.get('memcached_cores'):.1f}"] if face else [])
+         + [cb.num((p.get("client_cpu") or {}).get("cores")), f"{p['machine_cores']:.1f}",
+            f"{run['online_cpus'] - p['machine_cores']:.1f}"] for p in by_point(pts)],
+        "Cores over each point (the server's processes and the whole machine from `/proc`, the "
+        "client's threads from caracal_loadgen over its measured window); the machine has "
+        f"{run['online_cpus']} CPUs.")
     inside = [p for p in pts if p.get("server_means_us")]
     if inside:
         md.append("Inside snic_server over each point (means of its histograms): a request from "
@@ -249,23 +241,21 @@ def unequal_section(run, md):
     pts = cb.matching(run["points"], experiment="unequal")
     if not pts:
         return
-    md += ["## Two agents of unequal speed\n",
-           f"The second agent (acc1) waits {run['params']['slow_delay_us']} us more per request "
-           "(`--delay-us`, the answer unchanged). UDP saturation; requests each agent answered "
-           "over the point (warm-up included), from snic_server's "
-           "`caracal_queue_answered_requests`.\n"]
-    md += cb.md_table(["policy", "k req/s", "acc0 answered", "acc1 answered", "acc0 share"])
-    run["unequal"] = []
+    rows, run["unequal"] = [], []
     for p in pts:
         a = p.get("answered_by_agent") or {}
         a0, a1 = a.get("acc0", 0), a.get("acc1", 0)
         share = a0 / (a0 + a1) if a0 + a1 else None
-        md.append(cb.md_row([p["policy"], cb.rps_as_krps(p.get("throughput_rps")), f"{a0:,}",
-                             f"{a1:,}", f"{share:.1%}"] if share is not None
-                            else [p["policy"]] + ["-"] * 4))
+        rows.append([p["policy"], cb.rps_as_krps(p.get("throughput_rps")), f"{a0:,}", f"{a1:,}",
+                     f"{share:.1%}"] if share is not None else [p["policy"]] + ["-"] * 4)
         run["unequal"].append({"policy": p["policy"], "rps": p.get("throughput_rps"),
                                "answered": a, "fast_share": share})
-    md.append("")
+    md += cb.md_section(
+        "Two agents of unequal speed",
+        ["policy", "k req/s", "acc0 answered", "acc1 answered", "acc0 share"], rows,
+        f"The second agent (acc1) waits {run['params']['slow_delay_us']} us more per request "
+        "(`--delay-us`, the answer unchanged). UDP saturation; requests each agent answered over "
+        "the point (warm-up included), from snic_server's `caracal_queue_answered_requests`.")
 
 
 def loss_timeline(run):
@@ -391,13 +381,8 @@ def plots(run, results):
     if opens:
         fig, ax = plt.subplots(figsize=(6, 4))
         for server, n in sorted({(p["server"], p["accelerators"]) for p in opens}):
-            g = sorted(cb.matching(opens, server=server, accelerators=n),
-                       key=lambda p: p.get("offered_rps") or 0)
-            xs = [(p.get("offered_rps") or 0) / 1000 for p in g]
-            ax.plot(xs, [(p["latency"].get("p50_ns") or 0) / 1000 for p in g], marker="o",
-                    label=f"{server}, {n} {kind}, p50")
-            ax.plot(xs, [(p["latency"].get("p99_ns") or 0) / 1000 for p in g], marker="x",
-                    linestyle="--", label=f"{server}, {n} {kind}, p99")
+            cb.plot_latency_against_load(ax, cb.matching(opens, server=server, accelerators=n),
+                                         f"{server}, {n} {kind},")
         cb.save_chart(plt, fig, ax, os.path.join(results, "gpus-latency.png"), legend_size=7,
                       xlabel="offered k req/s (UDP, open loop)", ylabel="latency us",
                       yscale="log")
@@ -443,9 +428,6 @@ def report(results):
 
 
 def main(argv):
-    if len(argv) == 3 and argv[1] == "--page":
-        sys.stdout.write(cb.metrics_page(argv[2]))
-        return 0
     if len(argv) == 3 and argv[1] == "--scrape":
         for agent, n in sorted(scrape(argv[2]).items()):
             print(f"{agent}\t{n}")

@@ -46,12 +46,7 @@ def main():
         if opens:
             fig, ax = plt.subplots(figsize=(6, 4))
             for server in sorted({p["server"] for p in opens}):
-                ps = sorted(cb.matching(opens, server=server), key=lambda p: p["offered_rps"])
-                x = [p["offered_rps"] / 1000 for p in ps]
-                ax.plot(x, [p["latency"]["p50_ns"] / 1000 for p in ps], marker="o",
-                        label=f"{server} p50")
-                ax.plot(x, [p["latency"]["p99_ns"] / 1000 for p in ps], marker="x",
-                        linestyle="--", label=f"{server} p99")
+                cb.plot_latency_against_load(ax, cb.matching(opens, server=server), server)
             ax.set_title(f"{handler} {proto} {size} B, open loop{note}", fontsize=9)
             made.append(os.path.join(out, f"load-{handler}-{proto}-{size}.png"))
             cb.save_chart(plt, fig, ax, made[-1], legend_size=7, grid="both", yscale="log",

@@ -19,12 +19,8 @@ def sockperf_latency(path):
     """p50/p90/p99/p99.9/max/average latency (us) and the message counts of a sockperf point,
     or None. run.sh passes --full-rtt (round_trip); older runs recorded half of one."""
     s = cb.sockperf(path)
-    pct = s.get("percentile_us", {})
-    out = {k: s[k] for k in ("round_trip", "avg_us") if k in s}
-    out.update((k, pct[p]) for k, p in (("p50_us", 50), ("p90_us", 90), ("p99_us", 99),
-                                        ("p999_us", 99.9)) if p in pct)
-    out.update((k, s[k]) for k in ("max_us", "dropped", "duplicated", "out_of_order") if k in s)
-    return out or None
+    return {k: s[k] for k in ("round_trip", "avg_us", "p50_us", "p90_us", "p99_us", "p999_us",
+                              "max_us", "dropped", "duplicated", "out_of_order") if k in s} or None
 
 
 # Kernel symbols that copy a message between user memory and socket buffers.
@@ -169,71 +165,57 @@ def markdown(run):
 
     ll = run.get("low_load")
     if ll:
-        lines += [f"## echo at low load, {ll['rounds']} rounds (UDP, 64 B, 1 connection, "
-                  "window 1): p50, us", "",
-                  "Measured before everything else, a fresh server each round, the servers "
-                  "taking turns (the first of each round alternating). A gap is the server's "
-                  "p50 less the CPU server's in the same round; the aim is read from the median "
-                  "gap, since one round moves by several us.", ""]
-        lines += cb.md_table(["tool", "server", *(f"round {r}" for r in range(1, ll["rounds"] + 1)),
-                              "median"], compact=True)
+        rows = []
         for tool in ("loadgen", "sockperf"):
-            lines += [cb.md_row([tool, s] + [cb.num(x) for x in ll[tool][s]]
-                                + [cb.num(ll["median"][tool][s])])
-                      for s in ll["servers"] if any(x is not None for x in ll[tool][s])]
+            rows += [[tool, s] + [cb.num(x) for x in ll[tool][s]] + [cb.num(ll["median"][tool][s])]
+                     for s in ll["servers"] if any(x is not None for x in ll[tool][s])]
             gaps = [(s, ll["gaps"].get(f"{tool} {s}")) for s in ll["servers"]]
-            lines += [cb.md_row([tool, f"{s} - cpu"] + [cb.num(x) for x in g["per_round"]]
-                                + [f"**{cb.num(g['median'])}**"])
-                      for s, g in gaps if g and g["median"] is not None]
-        lines.append("")
+            rows += [[tool, f"{s} - cpu"] + [cb.num(x) for x in g["per_round"]]
+                     + [f"**{cb.num(g['median'])}**"]
+                     for s, g in gaps if g and g["median"] is not None]
+        lines += cb.md_section(
+            f"echo at low load, {ll['rounds']} rounds (UDP, 64 B, 1 connection, window 1): p50, us",
+            ["tool", "server", *(f"round {r}" for r in range(1, ll["rounds"] + 1)), "median"], rows,
+            "Measured before everything else, a fresh server each round, the servers taking turns "
+            "(the first of each round alternating). A gap is the server's p50 less the CPU "
+            "server's in the same round; the aim is read from the median gap, since one round "
+            "moves by several us.", compact=True)
 
     handlers = [h for h in ("echo", "matvec", "face") if any(q.get("handler") == h for q in pts)]
     for handler in handlers:
         # face has one request size, whatever SIZES says
         sizes = sorted({q["size"] for q in pts if q.get("handler") == handler
                         and q.get("kind") in ("latency", "saturation")}) or all_sizes
-        lines += [f"## {handler}: latency at low load (1 connection, window 1), us", ""]
-        lines += [cb.md_row(["proto", "size", " | ".join(f"{s} p50 | {s} p99 | {s} p99.9"
-                                                         for s in servers)]),
-                  cb.md_rule(2 + 3 * len(servers), compact=True)]
-        for proto in ("udp", "tcp"):
-            for size in sizes:
-                row = [proto, str(size)]
-                for s in servers:
-                    q = cb.first(pts, server=s, handler=handler, proto=proto, size=size,
-                                 kind="latency")
-                    lat = (q or {}).get("latency") or {}
-                    row += [cb.ns_as_us(lat.get(k)) for k in ("p50_ns", "p99_ns", "p999_ns")]
-                lines.append(cb.md_row(row))
-        lines += ["", f"## {handler}: throughput at saturation (kreq/s, server CPU cores, "
-                  "kreq/s per core)", ""]
-        lines += [cb.md_row(["proto", "size", " | ".join(f"{s} kreq/s | {s} cores | {s} per core"
-                                                         for s in servers)]),
-                  cb.md_rule(2 + 3 * len(servers), compact=True)]
-        for proto in ("udp", "tcp"):
-            for size in sizes:
-                row = [proto, str(size)]
-                for s in servers:
-                    q = cb.first(pts, server=s, handler=handler, proto=proto, size=size,
-                                 kind="saturation")
-                    if not q or "throughput_rps" not in q:
-                        row += ["-", "-", "-"]
-                        continue
-                    k = q["throughput_rps"] / 1000
-                    c = q.get("cpu_cores") or 0
-                    row += [f"{k:.1f}{errors(q)}", f"{c:.2f}", f"{k / c:.1f}" if c > 0 else "-"]
-                lines.append(cb.md_row(row))
-        lines.append("")
+        keys = [(proto, size) for proto in ("udp", "tcp") for size in sizes]
+
+        def point(server, proto, size, kind):
+            return cb.first(pts, server=server, handler=handler, proto=proto, size=size, kind=kind)
+
+        def saturation(q):
+            if not q or "throughput_rps" not in q:
+                return ["-", "-", "-"]
+            k, c = q["throughput_rps"] / 1000, q.get("cpu_cores") or 0
+            return [f"{k:.1f}{errors(q)}", f"{c:.2f}", f"{k / c:.1f}" if c > 0 else "-"]
+        lines += cb.md_section(
+            f"{handler}: latency at low load (1 connection, window 1), us",
+            ["proto", "size"] + [f"{s} {p}" for s in servers for p in ("p50", "p99", "p99.9")],
+            [[proto, str(size)] + [cb.ns_as_us(((point(s, proto, size, "latency") or {})
+                                                .get("latency") or {}).get(k))
+                                   for s in servers for k in ("p50_ns", "p99_ns", "p999_ns")]
+             for proto, size in keys], compact=True)
+        lines += cb.md_section(
+            f"{handler}: throughput at saturation (kreq/s, server CPU cores, kreq/s per core)",
+            ["proto", "size"] + [f"{s} {p}" for s in servers for p in ("kreq/s", "cores",
+                                                                        "per core")],
+            [[proto, str(size)] + [c for s in servers
+                                   for c in saturation(point(s, proto, size, "saturation"))]
+             for proto, size in keys], compact=True)
 
     # Face verification against the host-centric server: saturation, cores, and every server's
     # latency at the host-centric server's saturation rate (open loop, kind open-at-host_centric).
     ref = "host_centric"
     if "face" in handlers and ref in servers and "caracal" in servers:
-        lines += ["## face: Caracal against the host-centric server", ""]
-        lines += cb.md_table(["proto", "caracal kreq/s", "caracal cores", "host_centric kreq/s",
-                              "host_centric cores", "throughput ratio", "per-core ratio"]
-                             + [f"{s} p99 us at host_centric's saturation" for s in servers],
-                             compact=True)
+        rows = []
         for proto in ("udp", "tcp"):
             c = cb.first(pts, server="caracal", handler="face", proto=proto, kind="saturation")
             h = cb.first(pts, server=ref, handler="face", proto=proto, kind="saturation")
@@ -242,68 +224,61 @@ def markdown(run):
             ck, hk = c["throughput_rps"] / 1000, h["throughput_rps"] / 1000
             cc, hc = c.get("cpu_cores") or 0, h.get("cpu_cores") or 0
             per_core = f"{(ck / cc) / (hk / hc):.2f}x" if cc > 0 and hc > 0 and hk > 0 else "-"
-            row = [proto, f"{ck:.1f}", f"{cc:.2f}", f"{hk:.1f}", f"{hc:.2f}",
-                   f"{ck / hk:.2f}x" if hk > 0 else "-", per_core]
-            for s in servers:
-                q = cb.first(pts, server=s, handler="face", proto=proto, kind=f"open-at-{ref}")
-                row.append(cb.ns_as_us(((q or {}).get("latency") or {}).get("p99_ns")))
-            lines.append(cb.md_row(row))
-        lines.append("")
+            rows.append([proto, f"{ck:.1f}", f"{cc:.2f}", f"{hk:.1f}", f"{hc:.2f}",
+                         f"{ck / hk:.2f}x" if hk > 0 else "-", per_core]
+                        + [cb.ns_as_us(((cb.first(pts, server=s, handler="face", proto=proto,
+                                                  kind=f"open-at-{ref}") or {})
+                                        .get("latency") or {}).get("p99_ns")) for s in servers])
+        lines += cb.md_section(
+            "face: Caracal against the host-centric server",
+            ["proto", "caracal kreq/s", "caracal cores", "host_centric kreq/s",
+             "host_centric cores", "throughput ratio", "per-core ratio"]
+            + [f"{s} p99 us at host_centric's saturation" for s in servers], rows, compact=True)
 
     sats = [q for q in pts if q.get("kind") == "saturation" and q.get("threads")]
     if sats:
-        lines += ["## Where the server cores go at saturation (cores per thread name)", "",
-                  "Threads of one name are summed (caracal-io: snic_server's I/O threads, "
-                  "caracal-engine: its engine, caracal_*_agent: the agent's main thread). "
-                  "The last column is the load generator's own CPU over the measured window, "
-                  "all its threads and the busiest one: a busiest thread near 1.00 means the "
-                  "client may be what limits the point.", ""]
-        lines += cb.md_table(["server", "handler", "proto", "size", "cores", "threads",
-                              "client cores (busiest thread)"], compact=True)
-        for q in sats:
-            per = sorted(q["threads"].items(), key=lambda kv: -kv[1])
-            cc = q.get("client_cpu")
-            lines.append(cb.md_row(
-                [q["server"], q["handler"], q["proto"], str(q["size"]),
-                 f"{q.get('cpu_cores') or 0:.2f}", ", ".join(f"{n} {c:.2f}" for n, c in per),
-                 f"{cc['cores']:.2f} ({cc['busiest_thread_cores']:.2f})" if cc else "-"]))
-        lines.append("")
+        lines += cb.md_section(
+            "Where the server cores go at saturation (cores per thread name)",
+            ["server", "handler", "proto", "size", "cores", "threads",
+             "client cores (busiest thread)"],
+            [[q["server"], q["handler"], q["proto"], str(q["size"]),
+              f"{q.get('cpu_cores') or 0:.2f}",
+              ", ".join(f"{n} {c:.2f}"
+                        for n, c in sorted(q["threads"].items(), key=lambda kv: -kv[1])),
+              f"{cc['cores']:.2f} ({cc['busiest_thread_cores']:.2f})" if cc else "-"]
+             for q in sats for cc in [q.get("client_cpu")]],
+            "Threads of one name are summed (caracal-io: snic_server's I/O threads, "
+            "caracal-engine: its engine, caracal_*_agent: the agent's main thread). "
+            "The last column is the load generator's own CPU over the measured window, "
+            "all its threads and the busiest one: a busiest thread near 1.00 means the "
+            "client may be what limits the point.", compact=True)
 
     profiled = [q for q in pts if q.get("profile_pct") and q.get("throughput_rps")
                 and q.get("cpu_cores")]
     if profiled:
-        lines += ["## Where a request's server CPU goes at saturation (perf), us per request", "",
-                  "The server's cores over its throughput, split by the share of perf's "
-                  "samples (cpu-clock) in each part (see `report.py`, perf_profile()). "
-                  "Server code is the servers' own binaries (for Caracal, snic_server and "
-                  "the agent); ring polling is the part of it that polls the agents' "
-                  "regions. Rest: other libraries, and symbols under 0.3% each. Sampling "
-                  "slows the servers a little: compare within a run.", ""]
-        lines += cb.md_table(["server", "handler", "proto", "size", "us per request",
-                              *PROFILE_PARTS, "rest"], compact=True)
+        rows = []
         for q in profiled:
             per_request = q["cpu_cores"] / q["throughput_rps"] * 1e6
             shares = q["profile_pct"]
             counted = sum(v for k, v in shares.items() if k != "ring polling")
-            lines.append(cb.md_row(
-                [q["server"], q["handler"], q["proto"], str(q["size"]), f"{per_request:.2f}"]
-                + [f"{shares[k] / 100 * per_request:.2f}" for k in PROFILE_PARTS]
-                + [f"{(100 - counted) / 100 * per_request:.2f}"]))
-        lines.append("")
+            rows.append([q["server"], q["handler"], q["proto"], str(q["size"]),
+                         f"{per_request:.2f}"]
+                        + [f"{shares[k] / 100 * per_request:.2f}" for k in PROFILE_PARTS]
+                        + [f"{(100 - counted) / 100 * per_request:.2f}"])
+        lines += cb.md_section(
+            "Where a request's server CPU goes at saturation (perf), us per request",
+            ["server", "handler", "proto", "size", "us per request", *PROFILE_PARTS, "rest"], rows,
+            "The server's cores over its throughput, split by the share of perf's "
+            "samples (cpu-clock) in each part (see `report.py`, perf_profile()). "
+            "Server code is the servers' own binaries (for Caracal, snic_server and "
+            "the agent); ring polling is the part of it that polls the agents' "
+            "regions. Rest: other libraries, and symbols under 0.3% each. Sampling "
+            "slows the servers a little: compare within a run.", compact=True)
 
     held = [q for q in pts if q.get("kind") == "held" and q.get("hold")]
     if held:
         ref = held[0]["hold"]["to"]
-        lines += [f"## Caracal held to the cores of {ref} at saturation (cgroup CPU quota)", "",
-                  f"Each point again, with snic_server and the agent in a cgroup whose CPU "
-                  f"quota is the cores {ref} used at the same point (rounded down to 0.01; "
-                  f"enforced every {held[0]['hold']['period_us'] / 1000:g} ms), a fresh "
-                  "server per point. Throttled: the enforcement periods in which the group "
-                  "ran out of its quota.", ""]
-        lines += cb.md_table(["handler", "proto", "size", f"{ref} kreq/s", f"{ref} cores",
-                              "held: I/O threads", "held: quota", "held: cores", "held: kreq/s",
-                              "held: p50 us", "held: p99 us", "throttled", "lost",
-                              f"held / {ref}"], compact=True)
+        rows = []
         for q in held:
             if "throughput_rps" not in q:
                 continue
@@ -311,40 +286,46 @@ def markdown(run):
             r = cb.first(pts, server=ref, handler=q["handler"], proto=q["proto"], size=q["size"],
                          kind="saturation")
             rk = (r or {}).get("throughput_rps")
-            lines.append(cb.md_row(
+            rows.append(
                 [q["handler"], q["proto"], str(q["size"])]
                 + ([f"{rk / 1000:.1f}", f"{r.get('cpu_cores') or 0:.2f}"] if rk else ["-", "-"])
                 + [str(h["threads"]), f"{h['cores']:.2f}", f"{q.get('cpu_cores') or 0:.2f}",
                    f"{q['throughput_rps'] / 1000:.1f}{errors(q)}", cb.ns_as_us(lat.get("p50_ns")),
                    cb.ns_as_us(lat.get("p99_ns")), f"{h['throttled']} of {h['periods']}",
-                   str(q["counts"]["lost"]), f"{q['throughput_rps'] / rk:.2f}x" if rk else "-"]))
-        lines.append("")
+                   str(q["counts"]["lost"]), f"{q['throughput_rps'] / rk:.2f}x" if rk else "-"])
+        lines += cb.md_section(
+            f"Caracal held to the cores of {ref} at saturation (cgroup CPU quota)",
+            ["handler", "proto", "size", f"{ref} kreq/s", f"{ref} cores", "held: I/O threads",
+             "held: quota", "held: cores", "held: kreq/s", "held: p50 us", "held: p99 us",
+             "throttled", "lost", f"held / {ref}"], rows,
+            f"Each point again, with snic_server and the agent in a cgroup whose CPU "
+            f"quota is the cores {ref} used at the same point (rounded down to 0.01; "
+            f"enforced every {held[0]['hold']['period_us'] / 1000:g} ms), a fresh "
+            "server per point. Throttled: the enforcement periods in which the group "
+            "ran out of its quota.", compact=True)
 
     opens = [q for q in pts if str(q.get("kind", "")).startswith("open-") and "latency" in q]
     if opens:
-        lines += ["## Latency against offered load (open loop)", ""]
-        lines += cb.md_table(["server", "handler", "proto", "size", "offered kreq/s",
-                              "achieved kreq/s", "p50 us", "p99 us", "lost"], compact=True)
-        lines += [cb.md_row([q["server"], q["handler"], q["proto"], str(q["size"]),
-                             f"{q['offered_rps'] / 1000:.1f}", f"{q['throughput_rps'] / 1000:.1f}",
-                             cb.ns_as_us(q["latency"]["p50_ns"]),
-                             cb.ns_as_us(q["latency"]["p99_ns"]), str(q["counts"]["lost"])])
-                  for q in opens]
-        lines.append("")
+        lines += cb.md_section(
+            "Latency against offered load (open loop)",
+            ["server", "handler", "proto", "size", "offered kreq/s", "achieved kreq/s", "p50 us",
+             "p99 us", "lost"],
+            [[q["server"], q["handler"], q["proto"], str(q["size"]),
+              f"{q['offered_rps'] / 1000:.1f}", f"{q['throughput_rps'] / 1000:.1f}",
+              cb.ns_as_us(q["latency"]["p50_ns"]), cb.ns_as_us(q["latency"]["p99_ns"]),
+              str(q["counts"]["lost"])] for q in opens], compact=True)
 
     sp = [q for q in pts if q.get("kind") == "sockperf"]
     if sp:
-        lines += ["## sockperf ping-pong (UDP, echo): the unmodified client, us", "",
-                  "Round trips (`--full-rtt`), as loadgen measures them."
-                  if all((q.get("sockperf_latency") or {}).get("round_trip") for q in sp) else
-                  "sockperf's default: half the round trip, unlike loadgen's figures.", ""]
-        lines += cb.md_table(["server", "size", "avg", "p50", "p99", "p99.9", "dropped"],
-                             [[q["server"], str(q["size"])]
-                              + [cb.num(s.get(k)) for k in ("avg_us", "p50_us", "p99_us",
-                                                            "p999_us")]
-                              + [str(s.get("dropped", "-"))]
-                              for q in sp for s in [q.get("sockperf_latency") or {}]], compact=True)
-        lines.append("")
+        lines += cb.md_section(
+            "sockperf ping-pong (UDP, echo): the unmodified client, us",
+            ["server", "size", "avg", "p50", "p99", "p99.9", "dropped"],
+            [[q["server"], str(q["size"])]
+             + [cb.num(s.get(k)) for k in ("avg_us", "p50_us", "p99_us", "p999_us")]
+             + [str(s.get("dropped", "-"))] for q in sp for s in [q.get("sockperf_latency") or {}]],
+            "Round trips (`--full-rtt`), as loadgen measures them."
+            if all((q.get("sockperf_latency") or {}).get("round_trip") for q in sp) else
+            "sockperf's default: half the round trip, unlike loadgen's figures.", compact=True)
     return "\n".join(lines)
 
 

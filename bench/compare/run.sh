@@ -64,7 +64,7 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
-source "$HERE/lib.sh"
+source "$SRC/bench/lib/bench.sh"
 usage="usage: run.sh [SCENARIO] BUILD_DIR RESULTS_DIR [--cpu-only] [NAME[=PATH]...]"
 die() { echo "run.sh: $*" >&2; exit 2; }
 has() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }
@@ -456,19 +456,15 @@ engine_idle_seconds() {
     awk '/^caracal_engine_idle_seconds_total\{/ { s += $2; n++ } END { if (n) printf "%.6f", s }'
 }
 
-# save_metrics NAME: snic_server's counters so far, for the record (raw/NAME-metrics.txt).
+# save_metrics FILE: snic_server's metrics page now, for the record (RAW/FILE); 1 without one.
 save_metrics() {
-  [ -z "$METRICS_PORT" ] ||
-    curl -sf -m 5 "http://127.0.0.1:$METRICS_PORT/metrics" >"$RAW/$1-metrics.txt" 2>/dev/null || true
+  [ -n "$METRICS_PORT" ] && curl -sf -m 5 "http://127.0.0.1:$METRICS_PORT/metrics" >"$RAW/$1" 2>/dev/null ||
+    { rm -f "$RAW/$1"; return 1; }
 }
 
-# answered NAME: snic_server's metrics page now into RAW/NAME, and its answered requests per
-# agent ("agent<TAB>answered" lines; gpus_report.py sums caracal_queue_answered_requests).
-answered() {
-  python3 "$HERE/gpus_report.py" --page "http://127.0.0.1:$METRICS_PORT/metrics" >"$RAW/$1" 2>/dev/null ||
-    { rm -f "$RAW/$1"; return 0; }
-  python3 "$HERE/gpus_report.py" --scrape "$RAW/$1"
-}
+# answered FILE: save_metrics FILE, and from it the answered requests per agent ("agent<TAB>
+# answered" lines; gpus_report.py sums caracal_queue_answered_requests); nothing without a page.
+answered() { ! save_metrics "$1" || python3 "$HERE/gpus_report.py" --scrape "$RAW/$1"; }
 
 # point NAME PROTO SIZE KIND HEAD LOADGEN_ARGS...: one loadgen run against the running server
 # with the server's CPU over it; a line of points.jsonl: HEAD (its first fields), then REPORT's.
@@ -603,7 +599,7 @@ facts() {
     cat <<JSON
 {"commit": "${CARACAL_COMMIT:-$(git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)}", "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "accelerator": "$([ "$GPUS" -ge 1 ] && echo gpu || echo cpu)",
  "gpus": $GPUS, "gpu": "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)",
- "cpu": "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -1)", "cpus": $(nproc),
+ "cpu": "$(cpu_model)", "cpus": $(nproc),
  "physical_cores": ${#CORES[@]}, "kernel": "$(uname -r)",
  "params": {"layouts": "$LAYOUTS", "protos": "$PROTOS", "size": $SIZE, "rounds": $ROUNDS,
   "duration_s": $DURATION, "warmup_s": $WARMUP, "conns_per_thread": $SAT_PER_THREAD,
@@ -623,7 +619,7 @@ JSON
   fi
   cat <<JSON
 {"date_utc": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "commit": "$commit", "cpu_only": $([ "$CPU_ONLY" = 1 ] && echo true || echo false), $gpu,
- "cpu_model": "$(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)", "online_cpus": $(nproc --all),
+ "cpu_model": "$(cpu_model)", "online_cpus": $(nproc --all),
  "kernel": "$(uname -sr)", "hostname": "$(hostname)", "servers": "$SERVERS"$more,
  "params": {$params},
  "failed_points": $FAILED}
@@ -670,7 +666,7 @@ case "$REPORT" in
           if cstart "$server"; then
             cpoint "$server" udp 64 low-load --connections 1 --window 1
             [ -n "$SOCKPERF" ] && sockperf_point "$server" 64 sockperf-low-load
-            save_metrics "$server-echo-round$ROUND"
+            save_metrics "$server-echo-round$ROUND-metrics.txt"
           else
             FAILED=$((FAILED + 1))
           fi
@@ -702,7 +698,7 @@ case "$REPORT" in
         if [ "$HANDLER" = echo ] && [ -n "$SOCKPERF" ]; then
           for size in $SIZES; do sockperf_point "$server" "$size"; done
         fi
-        save_metrics "$server-$HANDLER"
+        save_metrics "$server-$HANDLER-metrics.txt"
         stop_servers
       done
     done

@@ -160,14 +160,9 @@ def markdown(run_facts, table, versions, args):
         have = [v for v in versions if any((v, t) in sat for t in counts)]
         if not have:
             continue
-        out += [f"## {handler}, {proto.upper()} {size} B", ""]
         busy = any(r.get("busy_cores") is not None for r in sat.values())
         cpus = any(r.get("cpus_cores") is not None for r in sat.values())
-        out += cb.md_table(["io_threads"] + [
-            c for v in have for c in [f"{v}: req/s", f"{v}: cores", f"{v}: req/s per core"]
-            + [f"{v}: busy cores", f"{v}: req/s per busy core"] * busy
-            + [f"{v}: server CPUs busy", f"{v}: req/s per busy CPU"] * cpus
-            + [f"{v}: p50 at 1 connection"]])
+        rows = []
         for t in counts:
             cells = [str(t)]
             for v in have:
@@ -178,8 +173,12 @@ def markdown(run_facts, table, versions, args):
                 if cpus:
                     cells += [cb.num(r and r.get("cpus_cores")), in_k(per_cpu(r))]
                 cells.append(f"{cb.num(lat.get((v, t), {}).get('p50_us'))} us")
-            out.append(cb.md_row(cells))
-        out.append("")
+            rows.append(cells)
+        out += cb.md_section(f"{handler}, {proto.upper()} {size} B", ["io_threads"] + [
+            c for v in have for c in [f"{v}: req/s", f"{v}: cores", f"{v}: req/s per core"]
+            + [f"{v}: busy cores", f"{v}: req/s per busy core"] * busy
+            + [f"{v}: server CPUs busy", f"{v}: req/s per busy CPU"] * cpus
+            + [f"{v}: p50 at 1 connection"]], rows)
         if cpus:
             out += ["Server CPUs busy: how busy the CPUs that the server and its agent were kept "
                     "to (SERVER_CPUS) were over the point, whatever ran there: the processes, "
@@ -196,13 +195,7 @@ def markdown(run_facts, table, versions, args):
         rates = sorted({int(r["kind"][len("open-at-"):]) for r in opened})
         if not rates:
             continue
-        out += [f"## The same load at every thread count: {handler}, {proto.upper()} {size} B", "",
-                "Open loop at a fixed rate: the cores it took and the busy time per request "
-                "(busy cores / req/s), by io_threads. Equal busy time per request at every "
-                "count: more threads cost nothing per request; more threads than the load "
-                "needs wait (idle) rather than work.", ""]
-        out += cb.md_table(["io_threads"] + [c for v in versions for rate in rates for c in (
-            f"{v} at {in_k(rate)}: req/s", "cores", "busy cores", "busy us per request", "p99")])
+        rows = []
         for t in sorted({r["io_threads"] for r in opened}):
             cells = [str(t)]
             for v in versions:
@@ -214,16 +207,21 @@ def markdown(run_facts, table, versions, args):
                     cells += [in_k(r and r["rps"]), cb.num(r and r["server_cores"]),
                               cb.num(r and r.get("busy_cores"), 2), cb.num(us),
                               "-" if p99 is None else f"{p99:,.0f} us"]
-            out.append(cb.md_row(cells))
-        out.append("")
+            rows.append(cells)
+        out += cb.md_section(
+            f"The same load at every thread count: {handler}, {proto.upper()} {size} B",
+            ["io_threads"] + [c for v in versions for rate in rates for c in (
+                f"{v} at {in_k(rate)}: req/s", "cores", "busy cores", "busy us per request",
+                "p99")], rows,
+            "Open loop at a fixed rate: the cores it took and the busy time per request (busy "
+            "cores / req/s), by io_threads. Equal busy time per request at every count: more "
+            "threads cost nothing per request; more threads than the load needs wait (idle) "
+            "rather than work.")
 
     # The ceiling per core: the best requests per second per server core at saturation of the
     # last version named (the new one), with the I/O thread count it was reached at.
     new = versions[-1]
-    out += [f"## Requests per second per server core at saturation ({new})", ""]
-    out += cb.md_table(["handler, protocol, size", "best req/s per core (io_threads, req/s, cores)",
-                        "at 8 I/O threads", "at 16", "at 32"])
-    ceiling = {}
+    rows, ceiling = [], {}
     for handler, proto, size in keys:
         sat = cb.matching(table, version=new, handler=handler, proto=proto, size=size,
                           kind="saturation")
@@ -232,11 +230,14 @@ def markdown(run_facts, table, versions, args):
             continue
         ceiling[(handler, proto, size)] = best
         by_t = {r["io_threads"]: r for r in sat}
-        out.append(cb.md_row([f"{handler}, {proto.upper()} {size} B",
-                              f"**{in_k(per_core(best))}** ({best['io_threads']}, "
-                              f"{in_k(best['rps'])}, {cb.num(best['server_cores'])})"]
-                             + [in_k(per_core(by_t.get(t))) for t in (8, 16, 32)]))
-    out.append("")
+        rows.append([f"{handler}, {proto.upper()} {size} B",
+                     f"**{in_k(per_core(best))}** ({best['io_threads']}, {in_k(best['rps'])}, "
+                     f"{cb.num(best['server_cores'])})"]
+                    + [in_k(per_core(by_t.get(t))) for t in (8, 16, 32)])
+    out += cb.md_section(f"Requests per second per server core at saturation ({new})",
+                         ["handler, protocol, size",
+                          "best req/s per core (io_threads, req/s, cores)", "at 8 I/O threads",
+                          "at 16", "at 32"], rows)
 
     # GPUs one server keeps busy: a GPU that spends g us on each request serves 1e6/g requests a
     # second, so a server that sustains R requests a second keeps R * g / 1e6 such GPUs busy.

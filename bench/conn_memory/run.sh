@@ -13,10 +13,13 @@
 # descriptors, so the hard limit must allow that (run as root, or raise it first). Each phase
 # reads VmRSS and RssAnon from /proc/PID/status and the kernel's TCP memory from
 # /proc/net/sockstat (socket buffers, which live in the kernel, not in the process).
-set -euo pipefail
 BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR [RESULTS_DIR]}")
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${2:-$SRC/bench/results/conn-memory}
+set -- "$BUILD" "$SRC"
+source "$SRC/bench/lib/bench.sh"
+# The agent on the CPU over shm, whatever the environment says for the end-to-end tests.
+CARACAL_E2E_ACCELERATOR=cpu CARACAL_E2E_TRANSPORT=shm source "$SRC/tests/e2e/lib.sh"
 CONNECTIONS=${CONNECTIONS:-10000}
 REQUESTS=${REQUESTS:-10}
 PIPELINE=${PIPELINE:-2}
@@ -25,70 +28,33 @@ MAX_BYTES=${MAX_BYTES:-1024}
 ROUNDS=${ROUNDS:-3}
 SETTLE_S=${SETTLE_S:-3}
 LABEL=${LABEL:-this tree}
-SERVER_BIN="$BUILD/snic_server/snic_server"
-AGENT_BIN="$BUILD/examples/echo/caracal_echo_agent"
 CLIENT="$BUILD/tests/e2e/caracal_pipeline_client"
-for bin in "$SERVER_BIN" "$AGENT_BIN" "$CLIENT"; do
-  [ -x "$bin" ] || { echo "run.sh: build snic_server, caracal_echo_agent and caracal_pipeline_client in $BUILD first"; exit 2; }
-done
-command -v curl >/dev/null || { echo "run.sh: curl is missing"; exit 77; }
+need_built "$SERVER_BIN" "$ECHO_AGENT" "$CLIENT"
+need curl
 need_files=$((CONNECTIONS + 100))
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$need_files" ]; then
   echo "run.sh: $CONNECTIONS connections need $need_files open files; the limit is $(ulimit -n) (hard $(ulimit -Hn))"
   exit 77
 fi
-
 mkdir -p "$OUT"
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-SECRET="conn-bench-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 
-wait_for_line() {
-  for _ in $(seq 400); do grep -Eq "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
-  echo "run.sh: $(basename "$1") never showed /$2/"; cat "$1"; exit 1
-}
 # kib FIELD: a field of the server's /proc status, in KiB.
-kib() { awk -v f="$1:" '$1 == f { print $2 }' "/proc/$SERVER/status"; }
+kib() { awk -v f="$1:" '$1 == f { print $2 }' "/proc/$SERVER_PID/status"; }
 # tcp_kib: the kernel's memory for every TCP socket on the machine, in KiB.
 tcp_kib() { awk -v p="$(getconf PAGESIZE)" '$1 == "TCP:" { for (i = 2; i < NF; i++) if ($i == "mem") print $(i + 1) * p / 1024 }' /proc/net/sockstat; }
-metric() { curl -sf "http://127.0.0.1:$METRICS/metrics" | { grep -E "^$1" || true; } | awk '{s += $NF} END {print s + 0}'; }
 
-cat >"$WORK/server.yaml" <<YAML
-io_threads: 2
+start_server "io_threads: 2
 control: { listen: 127.0.0.1:0, secret: $SECRET }
 metrics: { listen: 127.0.0.1:0 }
 services:
   - name: echo
     max_message_bytes: 1024
     listeners:
-      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }
-YAML
-"$SERVER_BIN" --config "$WORK/server.yaml" >"$WORK/server.log" 2>&1 &
-SERVER=$!
-PIDS+=("$SERVER")
-wait_for_line "$WORK/server.log" "serving [0-9]+ service"
-CONTROL=$(sed -nE 's/.*control endpoint on .* \(port ([0-9]+)\).*/\1/p' "$WORK/server.log")
-METRICS=$(sed -nE 's/.*metrics on http:.*:([0-9]+)\/metrics.*/\1/p' "$WORK/server.log")
-PORT=$(sed -nE 's#.*listening on tcp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$WORK/server.log")
-cat >"$WORK/agent.yaml" <<YAML
-agent: echo-1
-server: 127.0.0.1:$CONTROL
-secret: $SECRET
-accelerator: cpu
-transport: shm
-services:
-  - { name: echo, queues: 2, ring_capacity: 256, slot_bytes: 256, max_message_bytes: 1024 }
-YAML
-"$AGENT_BIN" --config "$WORK/agent.yaml" >"$WORK/agent.log" 2>&1 &
-PIDS+=("$!")
-wait_for_line "$WORK/server.log" "agent 'echo-1' region for service .* attached"
+      - { protocol: tcp, listen: 127.0.0.1:0, framing: { kind: length_prefixed, prefix_bytes: 4 } }"
+PORT=$(port_of "tcp/127.0.0.1:0")
+start_agent echo-1 "$ECHO_AGENT" \
+  "  - { name: echo, queues: 2, ring_capacity: 256, slot_bytes: 256, max_message_bytes: 1024 }"
 
 # A few connections first, so that "start" counts what any serving server holds (threads'
 # arenas, the reply table) and not the first connection's one-time costs.
@@ -104,7 +70,7 @@ for round in $(seq "$ROUNDS"); do
     --pipeline "$PIPELINE" --min-bytes "$MIN_BYTES" --max-bytes "$MAX_BYTES" --seed "$round" \
     --read-buffer-bytes 4096 --hold-s 3 --timeout-s 300 >"$WORK/client-$round.log" 2>&1 &
   client=$!
-  wait_for_line "$WORK/client-$round.log" "holding [0-9]+ open connections"
+  wait_for_line "$WORK/client-$round.log" "holding [0-9]+ open connections" 20
   sleep 1
   held_rss=$(kib VmRSS)
   held_anon=$(kib RssAnon)
@@ -120,14 +86,10 @@ for round in $(seq "$ROUNDS"); do
 done
 TRIMS=$(metric caracal_memory_trims_total)
 
-commit=$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)
-dirty=$(git -C "$SRC" status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo "+changes" || true)
-cpu=$(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -1)
-os=$(. /etc/os-release && echo "$PRETTY_NAME")
 {
-  echo "## $LABEL: $(date -u +%Y-%m-%d), commit $commit$dirty"
+  echo "## $LABEL: $(date -u +%Y-%m-%d), commit $(commit_id)"
   echo
-  echo "$(nproc) cores, $cpu, $(uname -r), $os. $CONNECTIONS connections at once," \
+  echo "$(machine_line). $CONNECTIONS connections at once," \
     "$REQUESTS requests each ($MIN_BYTES-$MAX_BYTES bytes, $PIPELINE in flight), length-prefixed" \
     "framing, max_message_bytes 1024, 2 I/O threads running the engine, echo agent on the CPU;" \
     "\"after\" is $SETTLE_S s after the last connection closed. RSS of snic_server in MiB; per" \

@@ -16,53 +16,33 @@
 # counters: caracal_control_refusals_total{reason="wrong_secret"} (compared and refused) and
 # caracal_control_throttled_total (refused unread). Writes RESULTS_DIR/README.md with the median
 # and the spread (min-max) over the rounds, and the raw rounds in RESULTS_DIR/rounds.tsv.
-set -euo pipefail
 BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR [RESULTS_DIR]}")
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${2:-$SRC/bench/results/control-auth}
+set -- "$BUILD" "$SRC"
+source "$SRC/bench/lib/bench.sh"
+source "$SRC/tests/e2e/lib.sh"
 ROUNDS=${ROUNDS:-5}
 SECONDS_PER_ROUND=${SECONDS_PER_ROUND:-10}
 WORKERS=${WORKERS:-2}
 LABEL=${LABEL:-this tree}
-SERVER_BIN="$BUILD/snic_server/snic_server"
 HELLO="$SRC/tests/e2e/control_hello.py"
-[ -x "$SERVER_BIN" ] || { echo "run.sh: build snic_server in $BUILD first"; exit 2; }
-command -v python3 >/dev/null && command -v curl >/dev/null || { echo "run.sh: needs python3 and curl"; exit 77; }
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/caracal-control-auth.XXXXXX")
-SERVER_PID=
-cleanup() {
-  [ -n "$SERVER_PID" ] && kill -TERM "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-SECRET="bench-secret-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+need python3 curl
+need_built "$SERVER_BIN"
 mkdir -p "$OUT"
-
-metric() {
-  curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E "^$1" | awk '{s += $NF} END {print s + 0}'
-}
 
 # round MODE INDEX: one server, one flood; appends a line to rounds.tsv.
 round() {
   local mode=$1 i=$2 auth=""
   [ "$mode" = off ] && auth=", auth_failures: 0"
-  cat >"$WORK/server.yaml" <<YAML
-io_threads: 2
-log_level: error
+  start_server "io_threads: 2
 control: { listen: 127.0.0.1:0, secret: $SECRET$auth }
 metrics: { listen: 127.0.0.1:0 }
 services:
   - name: echo
     max_message_bytes: 64
-    listeners: [ { protocol: udp, listen: 127.0.0.1:0 } ]
-YAML
-  "$SERVER_BIN" --config "$WORK/server.yaml" --log-level info >"$WORK/server.log" 2>&1 &
-  SERVER_PID=$!
-  for _ in $(seq 600); do grep -q "serving" "$WORK/server.log" && break; sleep 0.05; done
-  local port
-  port=$(sed -nE 's/.*control endpoint on .* \(port ([0-9]+)\).*/\1/p' "$WORK/server.log")
-  [ -n "$port" ] || { cat "$WORK/server.log"; echo "round $mode $i: the server did not start"; exit 1; }
-  METRICS_PORT=$(sed -nE 's/.*metrics on http:.*:([0-9]+)\/metrics.*/\1/p' "$WORK/server.log")
+    listeners: [ { protocol: udp, listen: 127.0.0.1:0 } ]"
+  local port=$CONTROL_PORT
   python3 "$HELLO" flood --port "$port" --source 127.0.0.2 --secret "wrong-$SECRET" \
     --seconds "$SECONDS_PER_ROUND" --workers "$WORKERS" >"$WORK/flood.out" &
   local flood=$!
@@ -77,7 +57,8 @@ YAML
   took=$(sed -nE 's/.* seconds=([0-9.]+).*/\1/p' "$WORK/flood.out")
   kill -TERM "$SERVER_PID"
   wait "$SERVER_PID" || true
-  SERVER_PID=
+  # shellcheck disable=SC2034 # what lib.sh's cleanup stops
+  PIDS=()
   [ "${other%% *}" = welcome ] || { echo "round $mode $i: the right secret from 127.0.0.3 got '$other'"; exit 1; }
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$i" "$took" "$attempts" "$compared" "$throttled" \
     "$(echo "$other" | awk '{print $2}')" >>"$OUT/rounds.tsv"
@@ -101,11 +82,10 @@ stat() {
       printf "%.1f (%.1f-%.1f)", med, v[0], v[n - 1]
     }' "$OUT/rounds.tsv"
 }
-cpu=$(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -1)
 {
   echo "# Wrong secrets against the control endpoint, one address"
   echo
-  echo "\`bench/control_auth/run.sh\` ($LABEL), $(date -u +%Y-%m-%d), $(nproc) cores ($cpu), $ROUNDS rounds"
+  echo "\`bench/control_auth/run.sh\` ($LABEL), $(date -u +%Y-%m-%d), $(nproc) cores ($(cpu_model)), $ROUNDS rounds"
   echo "of ${SECONDS_PER_ROUND} s per mode, $WORKERS connections at a time from 127.0.0.2; median (min-max)."
   echo "Load average before and after: $LOAD_BEFORE; $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine counts)."
   echo

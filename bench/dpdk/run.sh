@@ -20,6 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
+source bench/lib/bench.sh
 
 pmd=${PMD:-af_packet}
 rounds=${ROUNDS:-5}
@@ -30,11 +31,8 @@ results=${RESULTS_DIR:-bench/results}
 build=${BUILD:-build-bench}
 [ "$(id -u)" -eq 0 ] || { echo "bench/dpdk/run.sh: needs root (a network namespace)" >&2; exit 1; }
 
-if [ -z "${BUILD:-}" ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_WITH_CUDA=OFF \
-    -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF >/dev/null
-  ninja -C "$build" -j "${JOBS:-2}" snic_server caracal_echo_agent
-fi
+[ -n "${BUILD:-}" ] || release_build . "$build" "$build/build.log" "${JOBS:-2}" -DCARACAL_WITH_CUDA=OFF \
+  -DCARACAL_BUILD_BENCH=OFF -- snic_server caracal_echo_agent || exit 1
 server_bin="$root/$build/snic_server/snic_server"
 agent_bin="$root/$build/examples/echo/caracal_echo_agent"
 build_type=$(sed -nE 's/^CMAKE_BUILD_TYPE:[A-Z]+=(.*)/\1/p' "$build/CMakeCache.txt")
@@ -135,38 +133,34 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 
-commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if [ "$commit" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
-  commit="$commit-dirty"
-fi
+commit=$(commit_id)
 host=$(hostname -s 2>/dev/null || hostname)
 mkdir -p "$results"
 base="$results/dpdk-udp-$pmd-$host"
 SAMPLES="$samples" PMD="$pmd" ROUNDS="$rounds" SECS="$secs" MSG="$msg" IDLE="$idle" COMMIT="$commit" \
   HOST="$host" BUILD_TYPE="$build_type" PORT_LINE="$port_line" NOTE="${NOTE:-}" \
-  LOAD="$(cut -d' ' -f1-3 /proc/loadavg)" BASE="$base" python3 - <<'PY'
-import json, os, platform, statistics, datetime
-rows = [l.rstrip("\n").split("\t") for l in open(os.environ["SAMPLES"]) if l.strip()]
-fields = ["p50_us", "p99_us", "p999_us", "avg_us", "sent_per_s", "received_per_s"]
-data = {k: {f: [] for f in fields} for k in ("asio", "dpdk")}
-for r in rows:
-    for f, v in zip(fields, r[2:]):
-        data[r[0]][f].append(float(v))
-med = {k: {f: statistics.median(v[f]) for f in fields} for k, v in data.items()}
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-virt = any("hypervisor" in l for l in open("/proc/cpuinfo") if l.startswith("flags"))
-machine = f"{cpu}, {os.cpu_count()} CPUs{', virtual machine' if virt else ''}, Linux {platform.release()}"
-date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+  LOAD="$(cut -d' ' -f1-3 /proc/loadavg)" BASE="$base" CPU="$(cpu_model)" \
+  VM="$(grep -q '^flags.* hypervisor' /proc/cpuinfo && echo ', virtual machine')" python3 - <<'PY'
+import datetime, json, os, platform, sys
+sys.path.insert(0, "bench/lib")
+import caracal_bench as cb
 e = os.environ
-report = {
+rows = [l.rstrip("\n").split("\t") for l in open(e["SAMPLES"]) if l.strip()]
+names = {"p50_us": "ping-pong p50 (us)", "p99_us": "ping-pong p99 (us)", "p999_us": "ping-pong p99.9 (us)",
+         "avg_us": "ping-pong mean (us)", "sent_per_s": "throughput: sockperf sent (msg/s)",
+         "received_per_s": "throughput: listener received (msg/s)"}
+data = {k: {f: [float(r[2 + i]) for r in rows if r[0] == k] for i, f in enumerate(names)} for k in ("asio", "dpdk")}
+med = {k: {f: cb.median(v[f]) for f in names} for k, v in data.items()}
+machine = f"{e['CPU'] or '?'}, {os.cpu_count()} CPUs{e['VM']}, Linux {platform.release()}"
+date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+cb.write_json(e["BASE"] + ".json", {
     "benchmark": "dpdk-udp", "pmd": e["PMD"], "machine": machine, "host": e["HOST"], "date": date,
     "commit": e["COMMIT"], "build": e["BUILD_TYPE"], "dpdk_port": e["PORT_LINE"],
     "rounds": int(e["ROUNDS"]), "seconds_per_run": int(e["SECS"]), "message_bytes": int(e["MSG"]),
     "idle_sleep_us": int(e["IDLE"]), "load_average_at_end": e["LOAD"], "note": e["NOTE"],
     "samples": data, "medians": med,
-    "ratios_dpdk_over_asio": {f: (med["dpdk"][f] / med["asio"][f] if med["asio"][f] else None) for f in fields},
-}
-json.dump(report, open(e["BASE"] + ".json", "w"), indent=2)
+    "ratios_dpdk_over_asio": {f: (med["dpdk"][f] / med["asio"][f] if med["asio"][f] else None) for f in names},
+}, indent=2)
 def fmt(v):
     return f"{v:,.0f}" if v >= 1000 else f"{v:.1f}"
 out = [f"# Caracal UDP: Asio listener vs DPDK listener ({e['PMD']})", "",
@@ -178,8 +172,7 @@ out = [f"# Caracal UDP: Asio listener vs DPDK listener ({e['PMD']})", "",
        f"{'a veth pair into net_af_packet' if e['PMD'] == 'af_packet' else 'a tap device into net_tap'} to the DPDK listener",
        f"- {e['ROUNDS']} rounds of {e['SECS']} s per test, asio and dpdk interleaved; medians over the rounds; "
        f"{e['MSG']}-byte messages; load average at the end: {e['LOAD']}"]
-if e["NOTE"]:
-    out.append(f"- note: {e['NOTE']}")
+out += [f"- note: {e['NOTE']}"] * bool(e["NOTE"])
 out += ["", "This is a 2-core virtual machine shared with other work, and the DPDK port is a software "
         "PMD over the kernel (every frame still crosses the kernel, by a packet socket or a tap "
         "device), while the Asio side uses loopback. The numbers say how the two paths compare "
@@ -189,20 +182,14 @@ out += ["", "This is a 2-core virtual machine shared with other work, and the DP
         "agent, where the Asio I/O thread sleeps in epoll until a datagram arrives; the load "
         "average above says how busy the machine was.", "",
         "| test | asio | dpdk | dpdk / asio |", "| --- | ---: | ---: | ---: |"]
-names = {"p50_us": "ping-pong p50 (us)", "p99_us": "ping-pong p99 (us)", "p999_us": "ping-pong p99.9 (us)",
-         "avg_us": "ping-pong mean (us)", "sent_per_s": "throughput: sockperf sent (msg/s)",
-         "received_per_s": "throughput: listener received (msg/s)"}
-for f in fields:
-    a, d = med["asio"][f], med["dpdk"][f]
-    out.append(f"| {names[f]} | {fmt(a)} | {fmt(d)} | {d / a:.2f}x |" if a else f"| {names[f]} | {fmt(a)} | {fmt(d)} | - |")
+out += [cb.md_row([names[f], fmt(a), fmt(d), f"{d / a:.2f}x" if a else "-"])
+        for f in names for a, d in [(med["asio"][f], med["dpdk"][f])]]
 out += ["", "Throughput: sockperf sends as fast as it can and asks for no replies; \"received\" is the "
         "listener's `caracal_listener_requests_total` over the run, what reached the server.", "",
         "## Every round", "", "| listener | round | p50 us | p99 us | p99.9 us | mean us | sent/s | received/s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-for r in rows:
-    out.append("| " + " | ".join(r) + " |")
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"] + [cb.md_row(r) for r in rows]
 text = "\n".join(out) + "\n"
-open(e["BASE"] + ".md", "w").write(text)
+cb.write_text(e["BASE"] + ".md", text)
 print(text)
 PY
 echo "wrote $base.md and $base.json" >&2

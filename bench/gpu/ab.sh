@@ -8,12 +8,10 @@ base=${1:?baseline tree}
 out=${2:?output directory}
 rounds=${3:-3}
 cd "$(dirname "$0")/../.."
-export PATH=/usr/local/cuda/bin:$PATH
+source bench/lib/bench.sh
 mkdir -p "$out"
 for t in . "$base"; do
-  cmake -S "$t" -B "$t/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
-    >"$out/configure-$(basename "$t").log" 2>&1
-  ninja -C "$t/build-ab" caracal_gpu_bench >"$out/build-$(basename "$t").log" 2>&1
+  release_build "$t" "$t/build-ab" "$out/build-$(basename "$t").log" "$(nproc)" -- caracal_gpu_bench
 done
 for r in $(seq "$rounds"); do
   for side in before after; do

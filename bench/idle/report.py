@@ -14,8 +14,7 @@ raw, commit, machine, date, idle_s, duration, sparse_mps = sys.argv[1:8]
 def round_trips(path):
     """sockperf --full-rtt's round trips (us: p50, p99, max) and messages sent and received."""
     s = cb.sockperf(os.path.join(raw, path))
-    pct = s.get("percentile_us", {})
-    return {"p50": pct.get(50), "p99": pct.get(99), "max": s.get("max_us"),
+    return {"p50": s.get("p50_us"), "p99": s.get("p99_us"), "max": s.get("max_us"),
             "sent": s.get("sent", "-"), "received": s.get("received", "-")}
 
 

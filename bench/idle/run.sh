@@ -16,38 +16,23 @@
 #
 #   bench/idle/run.sh BUILD_DIR [RESULTS_DIR]   (default bench/results/idle-cpu-agent)
 # Environment: ROUNDS (3), IDLE_S (5), DURATION (5), SPARSE_MPS (200), POLICIES ("spin backoff").
-set -euo pipefail
 BUILD=$(realpath "${1:?usage: run.sh BUILD_DIR [RESULTS_DIR]}")
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${2:-$SRC/bench/results/idle-cpu-agent}
+set -- "$BUILD" "$SRC"
+source "$SRC/bench/lib/bench.sh"
+# The agent on the CPU over shm, whatever the environment says for the end-to-end tests.
+CARACAL_E2E_ACCELERATOR=cpu CARACAL_E2E_TRANSPORT=shm source "$SRC/tests/e2e/lib.sh"
 ROUNDS=${ROUNDS:-3}
 IDLE_S=${IDLE_S:-5}
 DURATION=${DURATION:-5}
 SPARSE_MPS=${SPARSE_MPS:-200}
 POLICIES=${POLICIES:-spin backoff}
-SERVER_BIN="$BUILD/snic_server/snic_server"
-AGENT_BIN="$BUILD/examples/echo/caracal_echo_agent"
-for tool in sockperf curl python3; do
-  command -v $tool >/dev/null || { echo "run.sh: $tool is missing (scripts/deps.sh test)"; exit 77; }
-done
-[ -x "$SERVER_BIN" ] && [ -x "$AGENT_BIN" ] || { echo "run.sh: build snic_server and caracal_echo_agent in $BUILD first"; exit 2; }
-
+need sockperf curl python3
+need_built "$SERVER_BIN" "$ECHO_AGENT"
 RAW="$OUT/raw"
 rm -rf "$RAW"
 mkdir -p "$RAW"
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-CLK_TCK=$(getconf CLK_TCK)
-SECRET="idle-bench-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-
-# ticks PID: user + system CPU ticks of a process, its threads included.
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
 # policy_yaml POLICY: the agent's cpu section.
 policy_yaml() {
@@ -61,70 +46,41 @@ policy_yaml() {
 
 # round POLICY N: one fresh server and agent, measured idle, busy and sparse.
 round() {
-  local policy=$1 n=$2 name="$1-round$2"
-  cat >"$WORK/server.yaml" <<YAML
-io_threads: 2
+  local policy=$1 n=$2 name="$1-round$2" port agent a0 s0 w0 a1 s1 w1 agent_cores server_cores
+  start_server "io_threads: 2
 control: { listen: 127.0.0.1:0, secret: $SECRET }
 metrics: { listen: 127.0.0.1:0 }
 services:
   - name: echo
     max_message_bytes: 1024
     listeners:
-      - { protocol: udp, listen: 127.0.0.1:0 }
-YAML
-  "$SERVER_BIN" --config "$WORK/server.yaml" >"$RAW/$name-server.log" 2>&1 &
-  local server=$!
-  PIDS+=("$server")
-  local control="" metrics="" port=""
-  for _ in $(seq 100); do
-    control=$(sed -nE 's/.*control endpoint on .* \(port ([0-9]+)\).*/\1/p' "$RAW/$name-server.log")
-    metrics=$(sed -nE 's/.*metrics on http:.*:([0-9]+)\/metrics.*/\1/p' "$RAW/$name-server.log")
-    port=$(sed -nE 's#.*listening on udp/127.0.0.1:0 \(port ([0-9]+)\).*#\1#p' "$RAW/$name-server.log")
-    [ -n "$control" ] && [ -n "$metrics" ] && [ -n "$port" ] && break
-    sleep 0.1
-  done
-  [ -n "$port" ] || { cat "$RAW/$name-server.log"; echo "run.sh: the server did not start"; exit 1; }
-  cat >"$WORK/agent.yaml" <<YAML
-agent: idle-bench
-server: 127.0.0.1:$control
-secret: $SECRET
-accelerator: cpu
-$(policy_yaml "$policy")
-services:
-  - { name: echo, queues: 2, max_message_bytes: 1024 }
-YAML
-  "$AGENT_BIN" --config "$WORK/agent.yaml" >"$RAW/$name-agent.log" 2>&1 &
-  local agent=$!
-  PIDS+=("$agent")
-  # The metrics are read whole, then matched: grep -q would close the pipe on curl, which
-  # pipefail reports as a failure.
-  local registered=0
-  for _ in $(seq 100); do
-    [[ "$(curl -fs "http://127.0.0.1:$metrics/metrics")" == *$'\ncaracal_agents 1'* ]] &&
-      registered=1 && break
-    sleep 0.1
-  done
-  [ $registered = 1 ] || { echo "run.sh: the agent did not register"; exit 1; }
+      - { protocol: udp, listen: 127.0.0.1:0 }"
+  port=$(port_of "udp/127.0.0.1:0")
+  AGENT_YAML=$(policy_yaml "$policy") start_agent idle-bench "$ECHO_AGENT" \
+    "  - { name: echo, queues: 2, max_message_bytes: 1024 }"
+  # shellcheck disable=SC2154 # start_agent (tests/e2e/lib.sh) sets AGENT_PID_<name> through eval
+  agent=$AGENT_PID_idle_bench
 
   # Idle: a second to settle, then IDLE_S seconds with no traffic.
   sleep 1
-  local a0 s0 w0 a1 s1 w1
-  a0=$(ticks "$agent"); s0=$(ticks "$server"); w0=$(date +%s.%N)
+  a0=$(pid_ticks "$agent") s0=$(pid_ticks "$SERVER_PID") w0=$(date +%s.%N)
   sleep "$IDLE_S"
-  a1=$(ticks "$agent"); s1=$(ticks "$server"); w1=$(date +%s.%N)
-  local agent_cores server_cores
-  agent_cores=$(awk -v t=$((a1 - a0)) -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", t / hz / (b - a) }')
-  server_cores=$(awk -v t=$((s1 - s0)) -v hz="$CLK_TCK" -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", t / hz / (b - a) }')
+  a1=$(pid_ticks "$agent") s1=$(pid_ticks "$SERVER_PID") w1=$(date +%s.%N)
+  agent_cores=$(cores_over $((a1 - a0)) "$w0" "$w1")
+  server_cores=$(cores_over $((s1 - s0)) "$w0" "$w1")
 
   timeout $((DURATION + 30)) sockperf ping-pong -i 127.0.0.1 -p "$port" -m 64 -t "$DURATION" \
     --full-rtt >"$RAW/$name-busy.txt" 2>&1 || true
   timeout $((DURATION + 30)) sockperf ping-pong -i 127.0.0.1 -p "$port" -m 64 -t "$DURATION" \
     --full-rtt --mps "$SPARSE_MPS" >"$RAW/$name-sparse.txt" 2>&1 || true
 
-  kill -INT "$agent" "$server"
+  kill -INT "$agent" "$SERVER_PID"
   wait "$agent" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  # shellcheck disable=SC2034 # what lib.sh's cleanup stops
   PIDS=()
+  cp "$WORK/server.log" "$RAW/$name-server.log"
+  cp "$WORK/idle-bench.log" "$RAW/$name-agent.log"
   printf '{"policy":"%s","round":%d,"idle_agent_cores":%s,"idle_server_cores":%s,"busy":"%s","sparse":"%s"}\n' \
     "$policy" "$n" "$agent_cores" "$server_cores" "$name-busy.txt" "$name-sparse.txt" >>"$RAW/rounds.jsonl"
   echo "$name: idle agent $agent_cores cores, server $server_cores"
@@ -136,9 +92,6 @@ for n in $(seq "$ROUNDS"); do
   done
 done
 
-commit=$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -z "$(git -C "$SRC" status --porcelain -- accel agent server control config core mqueue 2>/dev/null)" ] || commit="$commit+changes"
-machine="$(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(uname -r), $(. /etc/os-release && echo "$PRETTY_NAME")"
-python3 "$SRC/bench/idle/report.py" "$RAW" "$commit" "$machine" "$(date -u +%Y-%m-%d)" \
-  "$IDLE_S" "$DURATION" "$SPARSE_MPS" >"$OUT/README.md"
+python3 "$SRC/bench/idle/report.py" "$RAW" "$(commit_id accel agent server control config core mqueue)" \
+  "$(machine_line)" "$(date -u +%Y-%m-%d)" "$IDLE_S" "$DURATION" "$SPARSE_MPS" >"$OUT/README.md"
 cat "$OUT/README.md"

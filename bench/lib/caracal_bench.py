@@ -48,8 +48,9 @@ def write_text(path, text):
 def sockperf(path):
     """What `sockperf ping-pong` wrote into PATH, as far as it got: round_trip (True for
     --full-rtt's "Round trip is", False for the default "Latency is", half of one), avg_us,
-    percentile_us ({percent: us}), max_us, dropped, duplicated, out_of_order, and sent and
-    received over the valid duration. {} without the file."""
+    percentile_us ({percent: us}) and of those p50_us, p90_us, p99_us and p999_us, max_us,
+    dropped, duplicated, out_of_order, and sent and received over the valid duration. {}
+    without the file."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -61,6 +62,8 @@ def sockperf(path):
         out["round_trip"], out["avg_us"] = m.group(1) == "Round trip", float(m.group(2))
     for m in re.finditer(r"percentile\s+([0-9.]+)\s*=\s*([0-9.]+)", text):
         out["percentile_us"].setdefault(float(m.group(1)), float(m.group(2)))
+    out.update((f"p{str(p).replace('.', '')}_us", out["percentile_us"][p])
+               for p in (50, 90, 99, 99.9) if p in out["percentile_us"])
     m = re.search(r"<MAX> observation\s*=\s*([0-9.]+)", text)
     if m:
         out["max_us"] = float(m.group(1))
@@ -152,6 +155,13 @@ def md_table(head, rows=(), compact=False):
     return [md_row(head), md_rule(len(head), compact)] + [md_row(r) for r in rows]
 
 
+def md_section(title, head, rows, *intro, compact=False):
+    """A section's lines: "## TITLE", each INTRO paragraph, the table of HEAD and ROWS, each
+    followed by a blank line."""
+    return ([f"## {title}", ""] + [line for p in intro for line in (p, "")]
+            + md_table(head, rows, compact) + [""])
+
+
 # Plots.
 
 def pyplot(script):
@@ -171,6 +181,16 @@ def style_axes(ax, legend_size=None, grid="major", **props):
     ax.set(**props)
     ax.grid(True, which=grid, alpha=0.3)
     ax.legend(fontsize=legend_size)
+
+
+def plot_latency_against_load(ax, points, label):
+    """The p50 (solid) and p99 (dashed) of POINTS, in us, against their offered load in kreq/s:
+    two lines on AX, named LABEL p50 and LABEL p99."""
+    points = sorted(points, key=lambda p: p.get("offered_rps") or 0)
+    xs = [(p.get("offered_rps") or 0) / 1000 for p in points]
+    for pct, style in (("p50", {"marker": "o"}), ("p99", {"marker": "x", "linestyle": "--"})):
+        ax.plot(xs, [(p["latency"].get(f"{pct}_ns") or 0) / 1000 for p in points],
+                label=f"{label} {pct}", **style)
 
 
 def save_chart(plt, fig, ax, path, dpi=120, **style):

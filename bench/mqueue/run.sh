@@ -13,21 +13,17 @@
 # recorded in the report.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/lib/bench.sh
 
 build="build-bench"
 results=${RESULTS_DIR:-bench/results}
 jobs=${JOBS:-2}
 
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=ON >/dev/null
-ninja -C "$build" -j "$jobs" caracal_mqueue_bench
+release_build . "$build" "$build/build.log" "$jobs" -DCARACAL_BUILD_BENCH=ON -- caracal_mqueue_bench ||
+  exit 1
 
-commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if [ "$commit" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
-  commit="$commit-dirty"
-fi
-load=$(cut -d' ' -f1-3 /proc/loadavg)
-note="load average at start: $load"
+commit=$(commit_id)
+note="load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ -n "${NOTE:-}" ]; then note="$NOTE; $note"; fi
 
 host=$(hostname -s 2>/dev/null || hostname)

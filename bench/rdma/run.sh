@@ -12,26 +12,22 @@
 # absolute numbers say little about hardware; the ratios to perftest in the same VM are the point.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/lib/bench.sh
 
 build="build-bench"
 results=${RESULTS_DIR:-bench/results}
 jobs=${JOBS:-2}
 
 scripts/deps.sh test
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_WITH_CUDA=OFF \
-  -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=ON >/dev/null
-ninja -C "$build" -j "$jobs" caracal_rdma_bench
+release_build . "$build" "$build/build.log" "$jobs" -DCARACAL_WITH_CUDA=OFF -DCARACAL_BUILD_BENCH=ON \
+  -- caracal_rdma_bench || exit 1
 
-commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if [ "$commit" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
-  commit="$commit-dirty"
-fi
+commit=$(commit_id)
 host=$(hostname -s 2>/dev/null || hostname)
-cpu=$(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)
 date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 headers=(
-  "host $host: $cpu, $(nproc) CPUs, $(uname -sr); load average at start: $load"
+  "host $host: $(cpu_model), $(nproc) CPUs, $(uname -sr); load average at start: $load"
   "date $date, commit $commit"
 )
 [ -n "${NOTE:-}" ] && headers+=("note: $NOTE")

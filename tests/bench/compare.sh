@@ -31,7 +31,7 @@ else
   echo "perf cannot sample here; the profile part is not checked"
 fi
 HOLD_TO=""
-if (source "$SRC/bench/compare/lib.sh" && hold_create "caracal-bench-probe-$$" && rmdir "$HOLD_CG"); then
+if (source "$SRC/bench/lib/bench.sh" && hold_create "caracal-bench-probe-$$" && rmdir "$HOLD_CG"); then
   HOLD_TO=cpu
 else
   echo "no cgroup CPU quota can be set here; the held points are not checked"

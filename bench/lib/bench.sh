@@ -1,6 +1,34 @@
 # shellcheck shell=bash
-# The mechanisms of bench/compare/run.sh (sourced): builds, waits, CPU accounting, cgroups,
-# network namespaces, memcached.
+# What the benchmarks' shell scripts share (sourced): builds, the record of the tree and the
+# machine, waits, CPU accounting, and for bench/compare/run.sh cgroups, network namespaces and
+# memcached. The stand-alone runners that start a server and agents on loopback do it with
+# tests/e2e/lib.sh, as the end-to-end tests do, sourced after this file (its wait_for_line
+# fails the run where this one returns 1).
+
+# commit_id [PATH...]: CARACAL_COMMIT when set (a copy of the tree without its .git), else the
+# tree's commit, with -dirty when tracked files (of PATHs, when given) have changed.
+commit_id() {
+  local src=${SRC:-.} commit
+  [ -z "${CARACAL_COMMIT:-}" ] || { echo "$CARACAL_COMMIT"; return; }
+  commit=$(git -C "$src" rev-parse --short=12 HEAD 2>/dev/null) || { echo unknown; return; }
+  [ -z "$(git -C "$src" status --porcelain --untracked-files=no -- "$@" 2>/dev/null)" ] ||
+    commit=$commit-dirty
+  echo "$commit"
+}
+
+# need_built FILE...: exits 2, naming the first FILE that is not an executable (build it first).
+need_built() {
+  local f
+  for f in "$@"; do [ -x "$f" ] || { echo "$(basename "$0"): $f is missing (build it first)" >&2; exit 2; }; done
+}
+
+# cpu_model: the CPU's model name.
+cpu_model() { sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -1; }
+
+# machine_line: the machine in one line, for a report's head.
+machine_line() {
+  echo "$(nproc) cores, $(cpu_model), $(uname -r), $(. /etc/os-release && echo "$PRETTY_NAME")"
+}
 
 # release_build SRC BUILD LOG JOBS [-DOPTION...] -- TARGET...: a Release build of the tree SRC
 # in BUILD (Ninja, no tests, nvcc from /usr/local/cuda where there), its output in LOG; on
@@ -10,6 +38,7 @@ release_build() {
   shift 4
   while [ $# -gt 0 ] && [ "$1" != -- ]; do options+=("$1"); shift; done
   shift
+  mkdir -p "$(dirname "$log")"
   { PATH=/usr/local/cuda/bin:$PATH cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCARACAL_BUILD_TESTS=OFF "${options[@]}" && ninja -C "$build" -j "$jobs" "$@"; } >"$log" 2>&1 &&
     return 0
@@ -34,14 +63,14 @@ snic_build() {
   release_build "$src" "$dir/build" "$log" "$jobs" -DCARACAL_BUILD_BENCH=OFF "$@" -- snic_server
 }
 
-# wait_for_line FILE REGEX SECONDS: 0 once FILE has a line matching REGEX; otherwise, after
-# SECONDS, says so with the file's tail and returns 1.
+# wait_for_line FILE REGEX [SECONDS]: 0 once FILE has a line matching REGEX; otherwise, after
+# SECONDS (10), says so with the file's tail and returns 1.
 wait_for_line() {
-  for _ in $(seq $(($3 * 20))); do
+  for _ in $(seq $((${3:-10} * 20))); do
     grep -Eq "$2" "$1" 2>/dev/null && return 0
     sleep 0.05
   done
-  echo "$(basename "$0"): $(basename "$1") never showed /$2/ within $3 s:" >&2
+  echo "$(basename "$0"): $(basename "$1") never showed /$2/ within ${3:-10} s:" >&2
   tail -20 "$1" >&2
   return 1
 }

@@ -21,16 +21,14 @@ DURATION=${DURATION:-3}
 CONNECTIONS=${CONNECTIONS:-4}
 WINDOW=${WINDOW:-16}
 IO_THREADS=${IO_THREADS:-2}
-# shellcheck source=../compare/lib.sh
-source "$SRC/bench/compare/lib.sh"
+# shellcheck source=../lib/bench.sh
+source "$SRC/bench/lib/bench.sh"
 SERVER_BIN=$BUILD/snic_server/snic_server
 AGENT_BIN=$BUILD/examples/echo/caracal_echo_agent
 CPU_BIN=$BUILD/bench/baselines/caracal_cpu_server
 LOADGEN=$BUILD/bench/loadgen/caracal_loadgen
 COUNTER=$BUILD/bench/alloc/libcaracal_alloc_count.so
-for bin in "$SERVER_BIN" "$AGENT_BIN" "$CPU_BIN" "$LOADGEN" "$COUNTER"; do
-  [ -e "$bin" ] || { echo "run.sh: $bin is missing: build the benchmarks in $BUILD first" >&2; exit 2; }
-done
+need_built "$SERVER_BIN" "$AGENT_BIN" "$CPU_BIN" "$LOADGEN" "$COUNTER"
 command -v python3 >/dev/null || { echo "run.sh: python3 is missing" >&2; exit 77; }
 
 mkdir -p "$OUT"
@@ -136,16 +134,15 @@ EOF
   stop_all
 done
 
-python3 - "$WORK/points.jsonl" "$OUT" "$SRC" "$DURATION" "$CONNECTIONS" "$WINDOW" "$IO_THREADS" <<'EOF'
-import json, os, platform, subprocess, sys
+python3 - "$WORK/points.jsonl" "$OUT" "$SRC" "$DURATION" "$CONNECTIONS" "$WINDOW" "$IO_THREADS" \
+  "$(commit_id)" "$(machine_line)" <<'EOF'
+import json, os, sys
 sys.path.insert(0, os.path.join(sys.argv[3], "bench", "lib"))
 import caracal_bench as cb
 points = [json.loads(l) for l in open(sys.argv[1])]
 out, src = sys.argv[2], sys.argv[3]
-duration, connections, window, io_threads = sys.argv[4:8]
-commit = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True,
-                        text=True).stdout.strip()
-run = {"commit": commit, "machine": platform.node(), "cpus": os.cpu_count(),
+duration, connections, window, io_threads, commit, machine = sys.argv[4:10]
+run = {"commit": commit, "machine": machine, "cpus": os.cpu_count(),
        "duration_s": float(duration), "connections": int(connections), "window": int(window),
        "io_threads": int(io_threads), "points": points}
 cb.write_json(os.path.join(out, "alloc.json"), run)

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tunables.hpp"
@@ -62,6 +63,17 @@ struct Reply {
   std::string bytes;  // payload, or the error text
 };
 
+// What an engine thread hands a sink (ReplySink::deliver()): the bytes are the TX slot's, or an
+// error text of the engine's, valid only until deliver() returns, so a sink copies what it keeps.
+// The engine copies a reply nowhere itself; a UDP sink copies it once, into a datagram buffer it
+// reuses from burst to burst.
+struct ReplyView {
+  Reply::Kind kind = Reply::Kind::kData;
+  std::string_view bytes;
+  // An owning copy, for a sink that keeps the reply past deliver().
+  Reply owned() const { return Reply{kind, std::string(bytes)}; }
+};
+
 // Engine threads a server may run (EngineOptions::threads).
 using tunables::kMaxEngineThreads;
 
@@ -87,7 +99,7 @@ class ReplySink {
   ReplySink& operator=(const ReplySink&) = delete;
 
   virtual void deliver(uint32_t thread, uint64_t token, const boost::asio::ip::udp::endpoint& peer,
-                       Reply reply) = 0;
+                       ReplyView reply) = 0;
   virtual void end_burst(uint32_t /*thread*/) {}
 
   // Engine threads that may deliver to it: `thread` is below this.

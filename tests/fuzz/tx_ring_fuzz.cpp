@@ -69,8 +69,8 @@ class Client final : public srv::ReplySink {
   // A lane for each of the engine's threads (the fuzzer serves from thread 0).
   explicit Client(uint32_t engine_threads) : srv::ReplySink(engine_threads) {}
   void deliver(uint32_t, uint64_t token, const boost::asio::ip::udp::endpoint&,
-               srv::Reply reply) override {
-    got.push_back(Delivery{token, std::move(reply)});
+               srv::ReplyView reply) override {
+    got.push_back(Delivery{token, reply.owned()});
   }
   uint64_t base = 0;  // the token of sequence 0: slot and generation
   std::vector<Delivery> got;

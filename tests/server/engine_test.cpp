@@ -68,9 +68,9 @@ class RecordingSink final : public ReplySink {
   };
 
   void deliver(uint32_t thread, uint64_t token, const boost::asio::ip::udp::endpoint&,
-               Reply reply) override {
+               ReplyView reply) override {
     std::lock_guard lock(m_);
-    answers_.emplace(token, Answer{thread, std::move(reply), std::chrono::steady_clock::now()});
+    answers_.emplace(token, Answer{thread, reply.owned(), std::chrono::steady_clock::now()});
     ++deliveries_;
     cv_.notify_all();
   }
@@ -511,9 +511,9 @@ class BurstSink final : public ReplySink {
   BurstSink() : ReplySink(kMaxEngineThreads) {}
 
   void deliver(uint32_t thread, uint64_t, const boost::asio::ip::udp::endpoint&,
-               Reply reply) override {
+               ReplyView reply) override {
     std::lock_guard lock(m_);
-    open_[thread].push_back(std::move(reply.bytes));
+    open_[thread].emplace_back(reply.bytes);
     ++delivered_;
   }
   void end_burst(uint32_t thread) override {

@@ -12,7 +12,7 @@ namespace {
 
 struct Sink : ReplySink {
   Sink() : ReplySink(1) {}
-  void deliver(uint32_t, uint64_t, const boost::asio::ip::udp::endpoint&, Reply) override {}
+  void deliver(uint32_t, uint64_t, const boost::asio::ip::udp::endpoint&, ReplyView) override {}
 };
 
 TEST(Token, PartsRoundTripAndWrap) {

@@ -97,7 +97,7 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
   // another request). They were written by this lcore before the request was dispatched; the inbox
   // mutex between dispatch and the engine orders that write before this read.
   void deliver(uint32_t /*thread*/, uint64_t token, const boost::asio::ip::udp::endpoint& peer,
-               Reply reply) override;
+               ReplyView reply) override;
 
   static int lcore_main(void* self) { return static_cast<DpdkWorker*>(self)->run(); }
 

@@ -37,7 +37,7 @@ DpdkWorker::DpdkWorker(std::shared_ptr<DpdkPortState> state, uint16_t queue)
 }
 
 void DpdkWorker::deliver(uint32_t /*thread*/, uint64_t token, const udp::endpoint& peer,
-                         Reply reply) {
+                         ReplyView reply) {
   const SlotPeer sp = slot_peer_[split_token(token).slot];
   state_->replies.release(token);
   outstanding_.fetch_sub(1, std::memory_order_relaxed);
@@ -48,7 +48,7 @@ void DpdkWorker::deliver(uint32_t /*thread*/, uint64_t token, const udp::endpoin
     return;
   }
   std::lock_guard lock(pending_m_);
-  pending_.push_back(PendingReply{sp, peer, std::move(reply)});
+  pending_.push_back(PendingReply{sp, peer, reply.owned()});
   // Pairs with the acquire load in drain_replies(): a worker that sees the count then takes
   // the lock, which is what orders the vector's contents.
   pending_count_.store(static_cast<uint32_t>(pending_.size()), std::memory_order_release);

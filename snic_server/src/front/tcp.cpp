@@ -157,8 +157,8 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   // Engine threads (see ReplySink): a burst's replies reach the strand in one post. Replies of
   // one connection may come from several engine threads, in any order: on_reply() puts them
   // back in request order by their sequence numbers.
-  void deliver(uint32_t thread, uint64_t token, const udp::endpoint&, Reply reply) override {
-    outgoing_[thread].emplace_back(token, std::move(reply));
+  void deliver(uint32_t thread, uint64_t token, const udp::endpoint&, ReplyView reply) override {
+    outgoing_[thread].emplace_back(token, reply.owned());
   }
   void end_burst(uint32_t thread) override {
     auto& outgoing = outgoing_[thread];

@@ -16,6 +16,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
 
 #include "dispatch.hpp"
 #include "listener_common.hpp"
@@ -129,7 +132,8 @@ class UdpListenerCore final : public ReplySink,
   // socket's reply descriptor (see Socket): handing each to the I/O thread would cost a wake-up
   // of that thread, and one system call per reply the engine's time.
   // The slot was one-shot (see on_datagram()): route() released it already.
-  void deliver(uint32_t thread, uint64_t token, const udp::endpoint& peer, Reply reply) override {
+  void deliver(uint32_t thread, uint64_t token, const udp::endpoint& peer,
+               ReplyView reply) override {
     // A counter only: nothing is published through it. Kept only where it chooses who sends
     // (see end_burst()): every I/O thread and every engine thread would write its line for
     // every request.
@@ -139,12 +143,12 @@ class UdpListenerCore final : public ReplySink,
       case Reply::Kind::kNoReply:
         return;
       case Reply::Kind::kData:
-        s.outgoing[thread].push_back(Datagram{peer, std::move(reply.bytes)});
+        s.outgoing[thread].add(peer, reply.bytes);
         break;
       case Reply::Kind::kError:
         if (!config_.error_reply) stats_.drop(DropReason::kRequestFailed);
-        if (auto text = format_error_reply(config_, reply.bytes)) {
-          s.outgoing[thread].push_back(Datagram{peer, std::move(*text)});
+        if (auto text = format_error_reply(config_, std::string(reply.bytes))) {
+          s.outgoing[thread].add(peer, *text);
         }
         break;
     }
@@ -160,26 +164,28 @@ class UdpListenerCore final : public ReplySink,
   void end_burst(uint32_t thread) override {
     if (engine_hosted_) {
       Socket& s = *sockets_[thread % sockets_.size()];
-      std::vector<Datagram>& outgoing = s.outgoing[thread];
-      if (!outgoing.empty()) send_outgoing(s, outgoing);
-      outgoing.clear();
+      Outgoing& outgoing = s.outgoing[thread];
+      if (outgoing.used != 0) send_outgoing(s, outgoing.burst());
+      outgoing.used = 0;
       return;
     }
     const bool hand_off =
         outstanding_.load(std::memory_order_relaxed) >= tunables::kUdpHandOffOutstanding;
     for (auto& s : sockets_) {
-      std::vector<Datagram>& outgoing = s->outgoing[thread];
-      if (outgoing.empty()) continue;
+      Outgoing& outgoing = s->outgoing[thread];
+      if (outgoing.used == 0) continue;
       if (!hand_off) {
-        send_outgoing(*s, outgoing);
-        outgoing.clear();
+        send_outgoing(*s, outgoing.burst());
+        outgoing.used = 0;
         continue;
       }
+      // The burst goes to the I/O thread with its buffers; the next one starts anew.
+      outgoing.items.resize(outgoing.used);
       asio::post(s->socket.get_executor(),
-                 [self = shared_from_this(), s = s.get(), burst = std::move(outgoing)]() mutable {
-                   self->send_outgoing(*s, burst);
-                 });
-      outgoing = {};
+                 [self = shared_from_this(), s = s.get(),
+                  burst = std::move(outgoing.items)]() mutable { self->send_outgoing(*s, burst); });
+      outgoing.items = {};
+      outgoing.used = 0;
     }
   }
 
@@ -190,6 +196,21 @@ class UdpListenerCore final : public ReplySink,
   struct Datagram {
     udp::endpoint peer;
     std::string bytes;
+  };
+  // One engine thread's replies for one socket since its last end_burst(). The datagrams stay
+  // when a burst has been sent, and the next burst copies into their strings, whose capacity
+  // they keep: a thread that sends its bursts itself allocates nothing once its bursts have
+  // reached their largest count and size.
+  struct Outgoing {
+    std::vector<Datagram> items;
+    size_t used = 0;  // items [0, used) are this burst's
+    void add(const udp::endpoint& peer, std::string_view bytes) {
+      if (used == items.size()) items.emplace_back();
+      Datagram& d = items[used++];
+      d.peer = peer;
+      d.bytes.assign(bytes);
+    }
+    std::span<Datagram> burst() { return {items.data(), used}; }
   };
   // Batches (tunables.hpp): kUdpHandOffOutstanding (see end_burst()), kUdpReceiveBatch and
   // kUdpDrainRounds (see drain()), kUdpSendBatch (see send_outgoing()).
@@ -219,7 +240,7 @@ class UdpListenerCore final : public ReplySink,
     // even once `socket` is closed, so a reply racing with close() still has a socket.
     int reply_fd = -1;
     // Replies not yet flushed, per engine thread: element i is used by engine thread i only.
-    std::vector<std::vector<Datagram>> outgoing;
+    std::vector<Outgoing> outgoing;
     // Receive state, used by the socket's strand only: kReceiveBatch buffers of `stride` bytes,
     // their senders, and the recvmmsg() vectors that point at them.
     size_t stride;
@@ -366,7 +387,7 @@ class UdpListenerCore final : public ReplySink,
   // The engine thread, or the socket's I/O thread for a handed-off burst: sends `burst`, up to
   // kUdpSendBatch datagrams per sendmmsg() through the reply descriptor. Never blocks: a full
   // send buffer drops what is left of the burst, another error the datagram it hit.
-  void send_outgoing(Socket& s, std::vector<Datagram>& burst) {
+  void send_outgoing(Socket& s, std::span<Datagram> burst) {
     constexpr size_t kSendBatch = tunables::kUdpSendBatch;
     std::array<mmsghdr, kSendBatch> headers;
     std::array<iovec, kSendBatch> pieces;

@@ -175,7 +175,8 @@ class TransportBinding final : public RegionBinding {
       QueueInbox& inbox = r.inbox(q);
       const auto time_out = [&](uint64_t token, Clock::time_point submitted) {
         inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
-        engine.answer(r.events(), token, Reply{Reply::Kind::kError, r.timeout_reason()}, submitted);
+        engine.answer(r.events(), token, ReplyView{Reply::Kind::kError, r.timeout_reason()},
+                      submitted);
       };
       // In the ring (the oldest), then waiting for room in it.
       ServerQueue& sq = server_[q];
@@ -283,19 +284,16 @@ class TransportBinding final : public RegionBinding {
     inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
     inbox.answered.store(inbox.answered.load(std::memory_order_relaxed) + 1,
                          std::memory_order_relaxed);  // this thread alone writes it
-    Reply rep;
+    // The payload stays in the TX slot until the ring is released after this round's entries:
+    // the sink copies it from there (ReplyView).
+    ReplyView rep;
     if ((e.flags & mqueue::kSlotNoReply) != 0) {
       rep.kind = Reply::Kind::kNoReply;
     } else {
       rep.kind = (e.flags & mqueue::kSlotError) != 0 ? Reply::Kind::kError : Reply::Kind::kData;
-      {
-        prof::Scope t(prof::kReplyAlloc);
-        rep.bytes.reserve(e.length);
-      }
-      prof::Scope t(prof::kReplyCopy);
-      rep.bytes.assign(reinterpret_cast<const char*>(e.payload), e.length);
+      rep.bytes = std::string_view(reinterpret_cast<const char*>(e.payload), e.length);
     }
-    engine.answer(r.events(), e.token, std::move(rep), submitted);
+    engine.answer(r.events(), e.token, rep, submitted);
     return true;
   }
 

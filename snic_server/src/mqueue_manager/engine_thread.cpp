@@ -118,7 +118,7 @@ void EngineThread::wake() {
   sleep_cv_.notify_one();
 }
 
-void EngineThread::answer(EngineEvents* events, uint64_t token, Reply reply,
+void EngineThread::answer(EngineEvents* events, uint64_t token, ReplyView reply,
                           Clock::time_point submitted) {
   CARACAL_ASSERT_OWNER_THREAD(owner_);
   std::optional<prof::Scope> stage(std::in_place, prof::kAnswerOther);
@@ -134,7 +134,7 @@ void EngineThread::answer(EngineEvents* events, uint64_t token, Reply reply,
   }
   // A sink made for fewer engine threads than this one has no lane for it: a wiring bug.
   assert(index_ < route->sink->lanes());
-  route->sink->deliver(index_, token, route->peer, std::move(reply));
+  route->sink->deliver(index_, token, route->peer, reply);
   if (bool& awaiting = route->sink->awaiting_end_burst(index_); !awaiting) {
     awaiting = true;
     to_flush_.push_back(std::move(route->sink));
@@ -180,7 +180,7 @@ bool EngineThread::apply_commands() {
           // region has left dispatch, so nothing new arrives).
           for (Message& m : it->region->inbox(q).close()) {
             it->region->inbox(q).outstanding.fetch_sub(1, std::memory_order_relaxed);
-            answer(it->region->events(), m.token, Reply{Reply::Kind::kError, "agent detached"},
+            answer(it->region->events(), m.token, ReplyView{Reply::Kind::kError, "agent detached"},
                    m.submitted);
           }
         }
@@ -216,7 +216,7 @@ void EngineThread::fail_region(Attached& a, const std::string& reason) {
     SPDLOG_WARN("{}: {} request(s) in flight failed: {}", r.label(), lost.size(), reason);
   }
   for (auto& [token, submitted] : lost) {
-    answer(r.events(), token, Reply{Reply::Kind::kError, reason}, submitted);
+    answer(r.events(), token, ReplyView{Reply::Kind::kError, reason}, submitted);
   }
   if (a.done) {
     a.done();

@@ -99,7 +99,7 @@ class EngineThread {
   // Routes one answer (a reply, or a failure) to its client and reports it to `events` (the
   // region's service; may be null). The sink may hold it until flush_replies(). Owner thread
   // only (the region's binding calls it from serve()).
-  void answer(EngineEvents* events, uint64_t token, Reply reply, Clock::time_point submitted);
+  void answer(EngineEvents* events, uint64_t token, ReplyView reply, Clock::time_point submitted);
 
  private:
   struct Attached {

@@ -14,10 +14,9 @@ namespace engine_profile {
 namespace {
 
 constexpr const char* kStageNames[kStageCount] = {
-    "round",        "serve",       "inbox_take", "rx_write",   "rx_copy",
-    "request_free", "rx_reserve",  "rx_commit",  "rx_publish", "tx_fetch",
-    "tx_next",      "reply_alloc", "reply_copy", "route",      "deliver",
-    "answer_other", "tx_release",  "flush",      "idle"};
+    "round",      "serve",        "inbox_take", "rx_write", "rx_copy", "request_free",
+    "rx_reserve", "rx_commit",    "rx_publish", "tx_fetch", "tx_next", "route",
+    "deliver",    "answer_other", "tx_release", "flush",    "idle"};
 
 thread_local std::chrono::steady_clock::time_point started;
 thread_local rusage usage_at_start;

@@ -24,10 +24,8 @@ enum Stage : uint32_t {
   kRxPublish,    // after a queue's RX writes: the tail's publication, the inbox's count, on_room
   kTxFetch,      // fetch_tx_tails + deliver_tx_tails (rdma; shm loads its tails in kTxNext)
   kTxNext,       // RemoteRingConsumer::next_by_line, the tail's load (shm), next
-  kReplyAlloc,   // the reply's buffer
-  kReplyCopy,    // copy of the TX payload into it
   kRoute,        // ReplyTable::route
-  kDeliver,      // ReplySink::deliver
+  kDeliver,      // ReplySink::deliver (the sink's copy of the reply from its TX slot)
   kAnswerOther,  // the rest of EngineThread::answer (counters)
   kTxRelease,    // release + publish of a TX ring's head
   kFlush,        // flush_replies (end_burst: sends, or posts to I/O threads)

@@ -680,7 +680,8 @@ Status AgentRuntime::Impl::run() {
     tear_down_services();
     return st;
   }
-  if (stop_requested) {  // a signal during setup
+  io.poll();  // a signal or request_stop() that came during setup
+  if (stop_requested) {
     tear_down_services();
     spdlog::info("agent '{}' stopped", config.agent);
     return Status::ok_status();

@@ -40,8 +40,8 @@
 //     that throws or returns an error stops the agent (exit 1) with "service 'NAME': handler
 //     setup on ACCELERATOR failed: WHAT", and nothing has been registered. Services are set up
 //     in configuration order; those set up before a failure are torn down.
-//  3. handler(): read each time the service's region is started (every registration, and again
-//     after the agent registers anew), so a state's worker view survives re-registration.
+//  3. handler(): called once, after setup. Its view is copied into the workers each time the
+//     service's region is started (every registration), so it survives re-registration.
 //  4. teardown(ctx), then the destructor, then the memory from ctx is freed: when the agent
 //     stops, after every worker of every service has stopped, in reverse configuration order.
 //     Where an accelerator could not be stopped (a GPU kernel that ignores its stop word), the

@@ -63,13 +63,16 @@ std::optional<config::Field> Settings::declare(const std::string& name, const st
 
 void Settings::shown(const std::string& name, std::string value) {
   for (Declared& d : declared_) {
-    if (d.name == name) d.shown = std::move(value);
+    if (d.name == name) {
+      d.shown = std::move(value);
+      return;
+    }
   }
 }
 
 std::string Settings::string(const std::string& name, std::optional<std::string> fallback) {
   const std::optional<config::Field> f = declare(name, "string", fallback);
-  if (!f) return fallback.value_or("");
+  if (!f) return std::move(fallback).value_or("");
   std::string v = f->as_string();
   shown(name, v);
   return v;
@@ -78,7 +81,7 @@ std::string Settings::string(const std::string& name, std::optional<std::string>
 std::string Settings::choice(const std::string& name, std::optional<std::string> fallback,
                              const std::vector<std::string>& choices) {
   const std::optional<config::Field> f = declare(name, "string", fallback);
-  if (!f) return fallback.value_or("");
+  if (!f) return std::move(fallback).value_or("");
   std::string v = f->as_string();
   if (std::find(choices.begin(), choices.end(), v) == choices.end()) {
     f->fail("'" + v + "' is not one of: " + joined(choices));
@@ -120,7 +123,7 @@ std::filesystem::path Settings::path(const std::string& name,
   const bool from_file = f && !last_from_command_line_;
   const fs::path p =
       given.is_absolute() ? given : ((from_file ? source_.base_dir : fs::current_path()) / given);
-  const fs::path resolved = p.lexically_normal();
+  fs::path resolved = p.lexically_normal();
   shown(name, resolved.string());
   const auto refuse = [&](const std::string& why) {
     const std::string where =

@@ -6,7 +6,9 @@
 //
 // --rounds: networks averaged per vector (the work per request; clients that check replies,
 // such as caracal_loadgen --matvec-rounds, must use the same). --delay-us: every request takes
-// at least D us longer, with the same answer (an agent made slower on purpose).
+// at least D us longer, with the same answer (an agent made slower on purpose). Both are also
+// settings of each service in the agent configuration, `handler: { rounds: N, delay_us: D }`;
+// the command line wins.
 #include <caracal/agent/agent.hpp>
 
 #include "matvec.hpp"

@@ -157,8 +157,9 @@ Lines lines_setting(const Field& f) {
 
 ServiceConfig parse_service(const Field& f) {
   f.allow_only({"name", "queues", "ring_capacity", "slot_bytes", "max_message_bytes", "rx_lines",
-                "tx_lines", "client_queues"});
+                "tx_lines", "client_queues", "handler"});
   ServiceConfig s;
+  s.entry = f;
   s.name = name_of(f.required("name"), "service");
   if (auto v = f.optional("queues")) {
     s.queues = static_cast<uint32_t>(v->as_uint(1, mqueue::kMaxQueues));
@@ -184,6 +185,10 @@ ServiceConfig parse_service(const Field& f) {
                std::to_string(s.queues) + " server queues exceed the " +
                std::to_string(mqueue::kMaxQueues) + " queues a region can hold");
     }
+  }
+  if (auto h = f.optional("handler")) {
+    if (!h->is_map()) h->fail("expected a mapping of the handler's settings (name: value)");
+    s.handler = *h;
   }
   // Every field is in range on its own; what remains is how they fit together, which only the
   // largest message can break: it must fit in half a ring.

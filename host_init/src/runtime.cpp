@@ -15,6 +15,8 @@
 #include <variant>
 #include <vector>
 
+#include "caracal/agent/settings.hpp"
+#include "caracal/agent/setup.hpp"
 #include "caracal/agent/shm_region.hpp"
 #include "caracal/control/connection.hpp"
 #include "caracal/control/protocol.hpp"
@@ -278,9 +280,16 @@ struct AgentRuntime::Impl {
   }
 
   std::shared_ptr<ServerLink> connect();
+  Status serve_until_stopped();
   Outcome serve(ServerLink& conn);
-  Status start_service(const ServiceConfig& service, uint64_t epoch, Session& session);
-  Status start_in_device_memory(const ServiceConfig& service, uint64_t epoch, ServedRegion& served);
+  // The handler backends that start service `index`: its own, made by setup, or the agent's.
+  const HandlerBackends& backends_of(size_t index) const {
+    return handlers.empty() ? backends : handlers[index].backends;
+  }
+  Status set_up_services();
+  void tear_down_services();
+  Status start_service(size_t index, uint64_t epoch, Session& session);
+  Status start_in_device_memory(size_t index, uint64_t epoch, ServedRegion& served);
   void goodbye(ServerLink& conn, Session& session);
 
   AgentConfig config;
@@ -288,6 +297,9 @@ struct AgentRuntime::Impl {
   RuntimeOptions options;
   pid_t pid;
   AcceleratorChoice accelerator;
+  // A handler with state: each service's, by service index, from set_up_services() until
+  // tear_down_services(). Empty for a handler without state.
+  std::vector<ServiceHandler> handlers;
 
   asio::io_context io;
   // Keeps run_one_until() waiting for the deadline when nothing is pending.
@@ -327,11 +339,13 @@ std::shared_ptr<ServerLink> AgentRuntime::Impl::connect() {
 // against the NIC). The device's write-ordering attribute is checked first: the kernel's
 // acquire of an RX tail sees the slots the NIC wrote before it only where the GPU orders remote
 // writes for its own kernels.
-Status AgentRuntime::Impl::start_in_device_memory(const ServiceConfig& service, uint64_t epoch,
+Status AgentRuntime::Impl::start_in_device_memory(size_t index, uint64_t epoch,
                                                   ServedRegion& served) {
+  const ServiceConfig& service = config.services[index];
+  const HandlerBackends& started = backends_of(index);
   const std::string who = "service '" + service.name + "': ";
-  if (accelerator.kind != AcceleratorKind::kGpu || !backends.gpu ||
-      !backends.gpu->start_in_device_memory) {
+  if (accelerator.kind != AcceleratorKind::kGpu || !started.gpu ||
+      !started.gpu->start_in_device_memory) {
     return Status(StatusCode::kInvalidArgument,
                   who +
                       "rdma.region_memory gpu needs the GPU accelerator, and this agent runs on " +
@@ -342,7 +356,7 @@ Status AgentRuntime::Impl::start_in_device_memory(const ServiceConfig& service, 
     return Status(caps.status().code(),
                   who + "cannot place its region in GPU memory: " + caps.status().message());
   }
-  Result<std::unique_ptr<DeviceRegionServing>> serving = backends.gpu->start_in_device_memory(
+  Result<std::unique_ptr<DeviceRegionServing>> serving = started.gpu->start_in_device_memory(
       service.geometry(/*gpu_across_pcie=*/false), epoch, accelerator.gpu, config.gpu);
   if (!serving.ok()) {
     return Status(serving.status().code(),
@@ -357,8 +371,9 @@ Status AgentRuntime::Impl::start_in_device_memory(const ServiceConfig& service, 
   return Status::ok_status();
 }
 
-Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t epoch,
-                                         Session& session) {
+Status AgentRuntime::Impl::start_service(size_t index, uint64_t epoch, Session& session) {
+  const ServiceConfig& service = config.services[index];
+  const HandlerBackends& started = backends_of(index);
   ServedRegion served;
   served.service = &service;
   const bool in_device_memory =
@@ -367,7 +382,7 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
       service.geometry(accelerator.kind == AcceleratorKind::kGpu && !in_device_memory,
                        config.transport == TransportKind::kShm);
   if (in_device_memory) {
-    CARACAL_RETURN_IF_ERROR(start_in_device_memory(service, epoch, served));
+    CARACAL_RETURN_IF_ERROR(start_in_device_memory(index, epoch, served));
   } else if (config.transport == TransportKind::kShm) {
     const std::string name = region_shm_name(config.agent, pid, service.name);
     Result<NamedShmRegion> region = NamedShmRegion::create(name, geometry, epoch);
@@ -394,10 +409,10 @@ Status AgentRuntime::Impl::start_service(const ServiceConfig& service, uint64_t 
   }
   if (!in_device_memory) {
     StartResult serving = Status(StatusCode::kInternal, "no backend for " + accelerator.str());
-    if (accelerator.kind == AcceleratorKind::kCpu && backends.cpu) {
-      serving = backends.cpu(mqueue::RegionView(served.data()), config.cpu);
-    } else if (accelerator.kind == AcceleratorKind::kGpu && backends.gpu) {
-      serving = backends.gpu->start(served.data(), served.bytes(), accelerator.gpu, config.gpu);
+    if (accelerator.kind == AcceleratorKind::kCpu && started.cpu) {
+      serving = started.cpu(mqueue::RegionView(served.data()), config.cpu);
+    } else if (accelerator.kind == AcceleratorKind::kGpu && started.gpu && started.gpu->start) {
+      serving = started.gpu->start(served.data(), served.bytes(), accelerator.gpu, config.gpu);
     }
     if (!serving.ok()) {
       return Status(serving.status().code(), "service '" + service.name + "': cannot start the " +
@@ -543,7 +558,7 @@ Outcome AgentRuntime::Impl::serve(ServerLink& conn) {
   for (;;) {
     if (!awaiting && next_service < config.services.size()) {
       const ServiceConfig& s = config.services[next_service];
-      if (Status st = start_service(s, epoch, session); !st.ok()) {
+      if (Status st = start_service(next_service, epoch, session); !st.ok()) {
         goodbye(conn, session);
         return fatal(st);
       }
@@ -659,7 +674,24 @@ Status AgentRuntime::Impl::run() {
       : config.rdma.region_memory == RegionMemory::kGpu ? "rdma (regions in GPU memory)"
                                                         : "rdma",
       config.server.str());
+  // The handlers' state, before anything is registered: a setup that fails leaves the server
+  // untouched.
+  if (Status st = set_up_services(); !st.ok()) {
+    tear_down_services();
+    return st;
+  }
+  io.poll();  // a signal or request_stop() that came during setup
+  if (stop_requested) {
+    tear_down_services();
+    spdlog::info("agent '{}' stopped", config.agent);
+    return Status::ok_status();
+  }
+  Status served = serve_until_stopped();
+  tear_down_services();
+  return served;
+}
 
+Status AgentRuntime::Impl::serve_until_stopped() {
   // Ready for the service manager once the configuration and the accelerator are good: a
   // server that is not up yet does not hold up `systemctl start`; the status line says what the
   // agent is doing.
@@ -708,6 +740,70 @@ Status AgentRuntime::Impl::run() {
   notify_stopping();
   spdlog::info("agent '{}' stopped", config.agent);
   return Status::ok_status();
+}
+
+Status AgentRuntime::Impl::set_up_services() {
+  if (!backends.setup) return Status::ok_status();
+  for (size_t i = 0; i < config.services.size(); ++i) {
+    const ServiceConfig& service = config.services[i];
+    const std::string where =
+        "service '" + service.name + "': handler setup on " + accelerator.str() + " failed: ";
+    std::any configured;
+    try {
+      if (auto c = backends.configured.find(service.name); c != backends.configured.end()) {
+        configured = c->second;
+      } else {
+        // Embedded without configure_services: the settings of the mapping alone.
+        Settings settings(SettingsSource{service.name, service.handler, service.entry, {}, {}});
+        if (backends.configure) configured = backends.configure(settings);
+        settings.finish();
+      }
+      AcceleratorMemory memory =
+          accelerator.kind == AcceleratorKind::kGpu && backends.gpu && backends.gpu->memory
+              ? backends.gpu->memory(accelerator.gpu)
+              : host_memory();
+      auto context = std::make_unique<SetupContext>(service, accelerator, std::move(memory),
+                                                    config.cpu.workers);
+      const auto began = Clock::now();
+      Result<ServiceHandler> made = backends.setup(configured, std::move(context));
+      if (!made.ok()) return Status(made.status().code(), where + made.status().message());
+      handlers.push_back(std::move(made).value());
+      spdlog::info("service '{}': handler set up on {} in {} ms", service.name, accelerator.str(),
+                   to_milliseconds(Clock::now() - began));
+    } catch (const std::exception& e) {
+      return Status(StatusCode::kInvalidArgument, where + e.what());
+    } catch (...) {
+      return Status(StatusCode::kInvalidArgument, where + "a non-standard exception");
+    }
+  }
+  return Status::ok_status();
+}
+
+// After every accelerator stopped (each Session stops its own before it goes). Where one could
+// not be stopped, a kernel may still read the state: it is kept, allocated, until the process
+// exits.
+void AgentRuntime::Impl::tear_down_services() {
+  if (handlers.empty()) return;
+  if (!stop_status.ok()) {
+    spdlog::warn("handler state not torn down: an accelerator may still be running ({})",
+                 stop_status.message());
+    // Deliberately leaked: freeing memory that a running kernel reads is worse.
+    static_cast<void>(new std::vector<ServiceHandler>(std::move(handlers)));
+    handlers.clear();
+    return;
+  }
+  for (size_t i = handlers.size(); i-- > 0;) {
+    if (!handlers[i].teardown) continue;
+    try {
+      handlers[i].teardown();
+    } catch (const std::exception& e) {
+      spdlog::error("service '{}': handler teardown failed: {}", config.services[i].name, e.what());
+    } catch (...) {
+      spdlog::error("service '{}': handler teardown failed with a non-standard exception",
+                    config.services[i].name);
+    }
+  }
+  handlers.clear();
 }
 
 AgentRuntime::AgentRuntime(AgentConfig config, HandlerBackends backends, RuntimeOptions options)

@@ -1,6 +1,7 @@
 #include "caracal/config/yaml.hpp"
 
 #include <charconv>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -28,8 +29,20 @@ Field load(const std::string& text, const std::string& name) {
 
 }  // namespace
 
+Field Field::from_text(const std::string& text, std::string path, const std::string& origin) {
+  YAML::Node node;
+  try {
+    node = YAML::Load(text);
+  } catch (const YAML::ParserException& ex) {
+    throw ConfigError(origin + ": " + path + ": YAML syntax: " + ex.msg);
+  }
+  Field f(node, std::move(path), std::make_shared<const std::string>(origin));
+  f.positions_ = false;
+  return f;
+}
+
 void Field::fail(const std::string& message) const {
-  std::string prefix = where(*file_, node_.Mark());
+  std::string prefix = positions_ ? where(*file_, node_.Mark()) : *file_;
   if (!path_.empty()) prefix += ": " + path_;
   throw ConfigError(prefix + ": " + message);
 }
@@ -48,10 +61,16 @@ std::optional<Field> Field::optional(const std::string& key) const {
   expect_map();
   YAML::Node child = node_[key];
   if (!child.IsDefined() || child.IsNull()) return std::nullopt;
-  return Field(child, path_.empty() ? key : path_ + "." + key, file_);
+  Field out(child, path_.empty() ? key : path_ + "." + key, file_);
+  out.positions_ = positions_;
+  return out;
 }
 
 void Field::allow_only(std::initializer_list<const char*> keys) const {
+  allow_only(std::vector<std::string>(keys.begin(), keys.end()));
+}
+
+void Field::allow_only(const std::vector<std::string>& keys) const {
   expect_map();
   for (const auto& kv : node_) {
     // A key is a name; YAML also allows a list or a mapping as one ("? [a, b]: ..."), which
@@ -62,15 +81,19 @@ void Field::allow_only(std::initializer_list<const char*> keys) const {
     }
     const std::string k = kv.first.as<std::string>();
     bool known = false;
-    for (const char* allowed : keys)
+    for (const std::string& allowed : keys)
       known = known || k == allowed;
     if (!known) {
       std::string list;
-      for (const char* allowed : keys) {
+      for (const std::string& allowed : keys) {
         if (!list.empty()) list += ", ";
         list += allowed;
       }
-      Field(kv.first, path_, file_).fail("unknown setting '" + k + "' (known here: " + list + ")");
+      Field key(kv.first, path_, file_);
+      key.positions_ = positions_;
+      key.fail("unknown setting '" + k + "' (" +
+               (list.empty() ? std::string("no settings are known here") : "known here: " + list) +
+               ")");
     }
   }
 }
@@ -80,6 +103,7 @@ std::vector<Field> Field::items() const {
   std::vector<Field> out;
   for (size_t i = 0; i < node_.size(); ++i) {
     out.emplace_back(node_[i], path_ + "[" + std::to_string(i) + "]", file_);
+    out.back().positions_ = positions_;
   }
   return out;
 }
@@ -105,6 +129,35 @@ uint64_t Field::as_uint(uint64_t min, uint64_t max) const {
   }
   if (out < min || out > max) {
     fail(v + " is out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  }
+  return out;
+}
+
+int64_t Field::as_int(int64_t min, int64_t max) const {
+  const std::string v = as_string();
+  int64_t out = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec == std::errc::result_out_of_range) {
+    fail(v + " is out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  }
+  if (ec != std::errc() || end != v.data() + v.size()) fail("'" + v + "' is not an integer");
+  if (out < min || out > max) {
+    fail(v + " is out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  }
+  return out;
+}
+
+double Field::as_double(double min, double max) const {
+  const std::string v = as_string();
+  double out = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || end != v.data() + v.size() || !std::isfinite(out)) {
+    fail("'" + v + "' is not a number");
+  }
+  if (out < min || out > max) {
+    std::ostringstream range;
+    range << "[" << min << ", " << max << "]";
+    fail(v + " is out of range " + range.str());
   }
   return out;
 }

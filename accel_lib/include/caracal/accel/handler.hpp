@@ -19,9 +19,32 @@
 //      void operator()(const Request* reqs, Response* resps, uint32_t count, Context& ctx);
 //  - `static constexpr uint32_t kMaxResponseBytes`: the largest response it writes (default:
 //    the region's max_message_bytes). Smaller values reserve less of the TX ring per request.
+//  - `static constexpr uint32_t kBlockThreads`: a block-granular handler's block size on a GPU
+//    (default: the agent's gpu.block_threads).
 //
-// Each worker (CPU thread, or GPU group) holds its own copy of the handler, so a handler may
-// keep per-worker state in members.
+// Copies. Every worker holds its own copy of the handler, made from the one the agent started
+// the region with: a CPU worker thread copies it once; a GPU kernel takes it by value as a
+// kernel parameter, and every thread of the kernel copies that. So on a GPU a handler must be
+// trivially copyable and small (kernel parameters are limited to a few KiB), and every pointer
+// in it must be readable by the device. Members are per-worker (per-thread on a GPU) scratch:
+// they start again from the prototype whenever the region is started again, which happens each
+// time the agent registers anew. What must outlast that, or be shared, is state.
+//
+// State shared by workers. A handler with state (caracal/agent/setup.hpp) is a view that its
+// setup made, on the host, before any worker started: pointers into memory on the chosen
+// accelerator (device memory on a GPU, host memory on the CPU) and sizes. The contract:
+//  - Read-only state (a table, a model's weights) needs nothing: setup wrote it before the
+//    workers were started, and the start orders those writes before every worker's first read
+//    (a kernel launch; a thread's creation).
+//  - Mutable shared state is read and written with atomics only: cuda::atomic_ref at device
+//    scope on a GPU (system scope where the host reads it while the kernel runs),
+//    std::atomic_ref on the CPU; plain stores to memory another worker reads are a data race.
+//    Relaxed order suffices for counters; a word that publishes other data is written with
+//    release and read with acquire, as the rings do. Workers of several regions (a service's
+//    regions across re-registrations) never run at once, so state set up per service has the
+//    workers of one region at a time.
+//  - The state outlives every worker: it is torn down only after every accelerator serving the
+//    service has stopped, and never while one may still run.
 //
 // A handler that cannot go on calls fault(): see there.
 #pragma once

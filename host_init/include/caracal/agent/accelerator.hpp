@@ -7,8 +7,10 @@
 // make_backends<H>(); compiled by nvcc, the handler source also gets the GPU backend.
 #pragma once
 
+#include <any>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,8 +65,23 @@ class DeviceRegionServing : public ServingAccelerator {
   virtual Result<int> export_dma_buf() const = 0;
 };
 
+// Memory a handler's state keeps on its accelerator (SetupContext, setup.hpp): device memory of
+// a GPU, or host memory for the CPU accelerator.
+struct AcceleratorMemory {
+  // `bytes` zero-filled bytes aligned to 256, valid while the returned pointer (or a copy of
+  // it) lives; the error names `what`.
+  std::function<Result<std::shared_ptr<std::byte>>(uint64_t bytes, const std::string& what)>
+      allocate;
+  // Copies between host memory and memory from `allocate`, either way.
+  std::function<Status(void* to, const void* from, uint64_t bytes)> copy;
+};
+
+// The CPU accelerator's: host memory (aligned new) and memcpy.
+AcceleratorMemory host_memory();
+
 // The GPU side of an agent: present when its handler source was compiled by nvcc with the CUDA
-// backend (gpu_backend.cuh fills it in).
+// backend (gpu_backend.cuh fills it in). device_count, prepare, check_rdma_memory and memory do
+// not depend on the handler; start and start_in_device_memory run it.
 struct GpuBackend {
   // CUDA devices present (0 without a driver or a device).
   std::function<int()> device_count;
@@ -87,12 +104,43 @@ struct GpuBackend {
                                                              uint64_t epoch, uint32_t device,
                                                              const accel::GpuOptions& options)>
       start_in_device_memory;
+  // Device memory of `device` for a handler's state (cudaMalloc, cudaMemcpy).
+  std::function<AcceleratorMemory(uint32_t device)> memory;
 };
 
+class Settings;      // settings.hpp
+class SetupContext;  // setup.hpp
+struct ServiceHandler;
+
 // How to start the agent's handler on each accelerator kind.
+//
+// A handler without state has `cpu` and `gpu` (make_backends<H>): the one handler serves every
+// service. A handler with state (make_stateful_backends<S>, setup.hpp) has `configure` and
+// `setup` as well, and only the handler-independent part of `gpu`: each service's handler is
+// made by `setup` once the accelerator is chosen (AgentRuntime does that before it registers),
+// and its ServiceHandler starts it.
 struct HandlerBackends {
   std::function<StartResult(mqueue::RegionView, const accel::CpuOptions&)> cpu;
   std::optional<GpuBackend> gpu;
+  // Reads a service's settings (Settings, settings.hpp) into what `setup` takes; throws
+  // config::ConfigError. Empty: the handler declares no settings.
+  std::function<std::any(Settings&)> configure;
+  // Sets one service up with what `configure` read for it, in the context it is given (and
+  // keeps it with the state); an exception or an error stops the agent.
+  std::function<Result<ServiceHandler>(const std::any& configured,
+                                       std::unique_ptr<SetupContext> context)>
+      setup;
+  // What `configure` read, by service name: filled by configure_services (agent.hpp); a service
+  // missing here is configured by AgentRuntime from its `handler:` mapping alone.
+  std::map<std::string, std::any> configured;
+};
+
+// One service's handler, made by its setup: what starts it, and what tears its state down (the
+// state's teardown, then the state and its memory freed). `teardown` is called at most once,
+// and only after every accelerator serving the service has stopped.
+struct ServiceHandler {
+  HandlerBackends backends;  // cpu and gpu, bound to the state's handler() view
+  std::function<void()> teardown;
 };
 
 // Whether this agent can run `setting` here: `gpu:N` needs the CUDA backend and device N.

@@ -33,10 +33,13 @@
 //                                  # GPU writing a region in host memory over shm
 //       client_queues:             # optional; client queue c calls client_queues[c]
 //         - { destination: memcached }
+//       handler:                   # optional: the handler's own settings, as it declares
+//         dictionary: words.tsv    # them (settings.hpp); checked by agent_main, not here
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -94,6 +97,11 @@ struct ServiceConfig {
   Lines rx_lines = Lines::kAuto;
   Lines tx_lines = Lines::kAuto;
   std::vector<ClientQueueConfig> client_queues;
+  // The `handler:` mapping, kept as read: only the handler knows its keys, and its settings are
+  // checked against what it declares (Settings, settings.hpp) with these positions.
+  std::optional<config::Field> handler;
+  // This service's entry in `services`, where a required handler setting is missing.
+  std::optional<config::Field> entry;
 
   // `gpu_across_pcie`: the accelerator that serves the region is a GPU and the region is in
   // host memory, which is what rx_lines `auto` turns lines on for; with `shm` as well, tx_lines

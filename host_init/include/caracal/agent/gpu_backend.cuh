@@ -164,18 +164,45 @@ inline Result<std::string> prepare_gpu(uint32_t device, std::vector<std::string>
   return info->str();
 }
 
-template <accel::Handler H>
-GpuBackend make_gpu_backend(H handler) {
+// Device memory of `device` for a handler's state (AcceleratorMemory): cudaMalloc'd and zeroed
+// by DeviceBuffer, copied with cudaMemcpyDefault (unified addressing tells the direction).
+inline AcceleratorMemory gpu_memory(uint32_t device) {
+  AcceleratorMemory m;
+  m.allocate = [device](uint64_t bytes,
+                        const std::string& what) -> Result<std::shared_ptr<std::byte>> {
+    CARACAL_RETURN_IF_ERROR(accel::gpu::use_device(static_cast<int>(device)));
+    Result<accel::gpu::DeviceBuffer> buffer = accel::gpu::DeviceBuffer::allocate(bytes, what);
+    if (!buffer.ok()) return buffer.status();
+    auto owner = std::make_shared<accel::gpu::DeviceBuffer>(std::move(buffer).value());
+    return std::shared_ptr<std::byte>(owner, owner->data());
+  };
+  m.copy = [device](void* to, const void* from, uint64_t bytes) -> Status {
+    CARACAL_RETURN_IF_ERROR(accel::gpu::use_device(static_cast<int>(device)));
+    return accel::gpu::cuda_status(cudaMemcpy(to, from, bytes, cudaMemcpyDefault), "cudaMemcpy");
+  };
+  return m;
+}
+
+// What a GPU backend has without a handler: the device checks and the memory. A handler with
+// state starts its kernels through each service's ServiceHandler (setup.hpp).
+inline GpuBackend make_gpu_probe() {
   GpuBackend b;
   b.device_count = [] { return accel::gpu::device_count(); };
   b.prepare = [](uint32_t device, std::vector<std::string>& warnings) {
     return prepare_gpu(device, warnings);
   };
+  b.check_rdma_memory = [](uint32_t device) { return check_rdma_memory(device); };
+  b.memory = [](uint32_t device) { return gpu_memory(device); };
+  return b;
+}
+
+template <accel::Handler H>
+GpuBackend make_gpu_backend(H handler) {
+  GpuBackend b = make_gpu_probe();
   b.start = [handler](std::byte* region, uint64_t bytes, uint32_t device,
                       const accel::GpuOptions& options) {
     return GpuServing<H>::start(region, bytes, device, options, handler);
   };
-  b.check_rdma_memory = [](uint32_t device) { return check_rdma_memory(device); };
   b.start_in_device_memory = [handler](const mqueue::RegionGeometry& geometry, uint64_t epoch,
                                        uint32_t device, const accel::GpuOptions& options) {
     return GpuDeviceServing<H>::start(geometry, epoch, device, options, handler);

@@ -28,6 +28,10 @@ class Field {
   Field(const YAML::Node& node, std::string path, std::shared_ptr<const std::string> file)
       : node_(node), path_(std::move(path)), file_(std::move(file)) {}
 
+  // A value given outside a file (a command-line option): `text` parsed as YAML, its errors
+  // reported as "ORIGIN: PATH: message", without a line and column.
+  static Field from_text(const std::string& text, std::string path, const std::string& origin);
+
   // Throws ConfigError "FILE:LINE:COL: PATH: message".
   [[noreturn]] void fail(const std::string& message) const;
 
@@ -40,6 +44,7 @@ class Field {
   std::optional<Field> optional(const std::string& key) const;
   // Refuses keys other than these (the error lists the ones it knows).
   void allow_only(std::initializer_list<const char*> keys) const;
+  void allow_only(const std::vector<std::string>& keys) const;
   // The elements of a sequence (an error if this is not one).
   std::vector<Field> items() const;
 
@@ -47,6 +52,10 @@ class Field {
   bool as_bool() const;
   // An unsigned integer in [min, max].
   uint64_t as_uint(uint64_t min = 0, uint64_t max = UINT64_MAX) const;
+  // A signed integer in [min, max].
+  int64_t as_int(int64_t min = INT64_MIN, int64_t max = INT64_MAX) const;
+  // A finite number (integer or decimal, with an optional exponent) in [min, max].
+  double as_double(double min, double max) const;
   // One of the named choices.
   template <class E>
   E as_choice(std::initializer_list<std::pair<const char*, E>> choices) const {
@@ -65,6 +74,7 @@ class Field {
   YAML::Node node_;
   std::string path_;
   std::shared_ptr<const std::string> file_;
+  bool positions_ = true;  // false: from_text, whose line and column mean nothing to a user
 };
 
 // Parses a file (or, for tests, text with a name to report) into its root Field. Syntax errors

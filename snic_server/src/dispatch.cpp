@@ -114,7 +114,7 @@ size_t Service::pick(size_t n, uint64_t& next, uint64_t flow, Load load) const {
   return 0;
 }
 
-DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flow,
+DispatchStatus Service::dispatch(uint64_t token, std::string_view bytes, uint64_t flow,
                                  bool may_exceed) {
   return with_targets([&](const Targets& t, uint64_t& next) {
     const size_t n = t.all.size();
@@ -137,7 +137,8 @@ DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flo
     } else {
       k = pick(n, next, flow, outstanding);
     }
-    Message m{token, 0, std::move(bytes), Clock::now()};
+    const Clock::time_point now = Clock::now();
+    std::optional<Message> m;  // made only for an inbox
     bool saw_congested = false;
     // A queue can close under us (its agent was lost a moment ago), or be congested; try the
     // others in turn before giving up.
@@ -148,9 +149,17 @@ DispatchStatus Service::dispatch(uint64_t token, std::string bytes, uint64_t flo
       if (full && !may_exceed) continue;
       QueueInbox& inbox = target.region->inbox(target.queue);
       inbox.outstanding.fetch_add(1, std::memory_order_relaxed);
-      if (!inbox.submit(m)) {  // closed: its agent is going away; try the next queue
-        inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
-        continue;
+      // This thread runs the rounds of the queue's engine thread: the request goes into the
+      // ring now, and this thread's next round publishes it.
+      const bool own = host >= 0 && engine_.thread_of(*target.region, target.queue) ==
+                                        static_cast<uint32_t>(host);
+      if (!own ||
+          !target.region->binding().write_now(*target.region, target.queue, token, bytes, now)) {
+        if (!m) m.emplace(Message{token, 0, std::string(bytes), now});
+        if (!inbox.submit(*m)) {  // closed: its agent is going away; try the next queue
+          inbox.outstanding.fetch_sub(1, std::memory_order_relaxed);
+          continue;
+        }
       }
       requests_.inc();
       engine_.note_dispatched(*target.region, target.queue);

@@ -34,6 +34,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config.hpp"
@@ -81,8 +82,11 @@ class Service final : public EngineEvents {
   // Sends a request to a queue chosen by the policy. `flow` identifies the connection or peer
   // for flow_affinity, which takes it modulo the queues: listeners pass flow_key() of theirs.
   // `may_exceed` queues it even on a congested queue (TCP has already read it); otherwise a
-  // congested queue refuses it (kFull).
-  DispatchStatus dispatch(uint64_t token, std::string bytes, uint64_t flow, bool may_exceed);
+  // congested queue refuses it (kFull). The bytes are copied before it returns: called by the
+  // I/O thread that hosts the chosen queue's engine thread, straight into the queue's RX ring
+  // when nothing waits before it there (RegionBinding::write_now()), else into a message for
+  // the queue's inbox.
+  DispatchStatus dispatch(uint64_t token, std::string_view bytes, uint64_t flow, bool may_exceed);
 
   // Membership, from the control endpoint. add() fails if the region cannot carry the
   // service's largest message (the reason is returned); it gives the region the service's reply

@@ -146,7 +146,7 @@ void DpdkWorker::on_frame(rte_mbuf* m) {
   slot_peer_[split_token(*token).slot] = from;
   // Counted before dispatch: the reply may be delivered (and counted down) before it returns.
   outstanding_.fetch_add(1, std::memory_order_relaxed);
-  switch (binding.service.dispatch(*token, std::move(bytes), flow_of(peer), false)) {
+  switch (binding.service.dispatch(*token, bytes, flow_of(peer), false)) {
     case DispatchStatus::kQueued:
     case DispatchStatus::kCongested:
       return;

@@ -333,7 +333,8 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
         fail_stream(d.error, DropReason::kMalformed);
         return;
       }
-      std::string bytes(buffer_.get() + begin_ + d.payload_offset, d.payload_bytes);
+      // A view of the read buffer: dispatch() copies it before anything moves the buffer.
+      const std::string_view bytes(buffer_.get() + begin_ + d.payload_offset, d.payload_bytes);
       begin_ += d.consumed;
       // A whole request: the connection is active, and what follows it in the buffer (if
       // anything) arrived with the last read.
@@ -342,7 +343,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
       next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
       pending_.emplace_back();
       shared_->stats.requests.inc();
-      switch (shared_->service.dispatch(*token_base_ | seq, std::move(bytes), flow_, true)) {
+      switch (shared_->service.dispatch(*token_base_ | seq, bytes, flow_, true)) {
         case DispatchStatus::kQueued:
           break;
         case DispatchStatus::kCongested:

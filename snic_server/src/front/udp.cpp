@@ -231,7 +231,10 @@ class UdpListenerCore final : public ReplySink,
     }
     char* buffer(size_t k) { return buffers.data() + k * stride; }
 
-    udp::socket socket;           // receives; used by its strand only
+    // Receives; used by its strand only. The strand's own type, not Asio's type-erased
+    // any_io_executor: a completion handler looks its executor up with prefer(), which copies
+    // an erased strand into a heap block (two per receive); the concrete one is copied inline.
+    asio::basic_datagram_socket<udp, asio::strand<asio::io_context::executor_type>> socket;
     Counter* received = nullptr;  // caracal_listener_socket_datagrams_total of this socket
     // A duplicate of the socket's descriptor that every send goes through, from the I/O thread
     // (error replies) and from the engine thread (replies) alike. A udp::socket object may not
@@ -351,7 +354,7 @@ class UdpListenerCore final : public ReplySink,
     // Before the dispatch, so that the engine's decrement in deliver() never comes first.
     if (!engine_hosted_) outstanding_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t flow = flow_of(peer);
-    switch (service_.dispatch(*token, std::string(data, n), flow, false)) {
+    switch (service_.dispatch(*token, std::string_view(data, n), flow, false)) {
       case DispatchStatus::kQueued:
       case DispatchStatus::kCongested:
         return;

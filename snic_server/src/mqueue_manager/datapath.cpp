@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -60,7 +61,10 @@ class TransportBinding final : public RegionBinding {
         prof::Scope t(prof::kInboxTake);
         busy |= inbox.take(backlog);
       }
-      if (backlog.empty()) continue;
+      // Entries write_now() left for this round to publish.
+      const bool written_now =
+          q < h.server_queue_count && std::exchange(server_[q].unpublished, false);
+      if (backlog.empty() && !written_now) continue;
       auto& rx = region_.rx(q);
       const bool server_queue = q < h.server_queue_count;
       const bool with_deadlines = r.reply_timeout().count() != 0;
@@ -89,11 +93,13 @@ class TransportBinding final : public RegionBinding {
         }
         ++written;
       }
-      if (written != 0) {
+      if (written != 0 || written_now) {
         prof::Scope publish(prof::kRxPublish);
         rx.publish();
-        inbox.waiting.fetch_sub(written, std::memory_order_relaxed);
         busy = true;
+      }
+      if (written != 0) {
+        inbox.waiting.fetch_sub(written, std::memory_order_relaxed);
         if (server_queue && r.events() != nullptr) r.events()->on_room();
       }
       inbox.ring_slots_in_use.store(rx.outstanding_slots(), std::memory_order_relaxed);
@@ -224,6 +230,26 @@ class TransportBinding final : public RegionBinding {
 
   void request_stop() override { region_.request_stop(); }
 
+  bool write_now(AgentRegion& r, uint32_t q, uint64_t token, std::string_view bytes,
+                 Clock::time_point submitted) override {
+    if constexpr (!kLocal) {
+      return false;  // rdma: one thread serves the region and posts its writes in its rounds
+    } else {
+      QueueInbox& inbox = r.inbox(q);
+      // Requests that came first are written first; a closed queue takes nothing more.
+      if (!backlog_[q].empty() || inbox.maybe_waiting() || !inbox.open_for_owner()) return false;
+      auto& rx = region_.rx(q);
+      const auto n = static_cast<uint32_t>(bytes.size());
+      std::byte* dst = rx.reserve(n);
+      if (dst == nullptr) return false;
+      if (n != 0) std::memcpy(dst, bytes.data(), n);
+      rx.commit(n, token, 0);
+      server_[q].flights.add(token, submitted, r.reply_timeout().count() != 0);
+      server_[q].unpublished = true;
+      return true;
+    }
+  }
+
  private:
   // A local transport (shm) reads a tail with a load: several engine threads may share the
   // region, each serving its own queues, and every round reads the tails of its queues. A
@@ -314,6 +340,7 @@ class TransportBinding final : public RegionBinding {
   mqueue::RemoteRegion<T> region_;
   // Per queue, each element used by the thread that serves the queue only.
   std::vector<std::deque<Message>> backlog_;
+
   // A server queue's requests in its ring, and how many timed out since its last answer in
   // time. A cache line (or more) each: the queues of one region are served by several threads,
   // and each writes its queues' state with every request and answer.
@@ -321,6 +348,7 @@ class TransportBinding final : public RegionBinding {
     explicit ServerQueue(uint32_t ring_slots) : flights(ring_slots) {}
     QueueFlights flights;
     uint32_t timeouts_in_a_row = 0;
+    bool unpublished = false;  // entries written by write_now() since the last publication
   };
   std::vector<ServerQueue> server_;
   std::chrono::microseconds idle_fetch_gap_{0};  // remote TX polling only

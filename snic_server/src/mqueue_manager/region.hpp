@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -50,6 +51,11 @@ class QueueInbox {
     if (!queued_.load(std::memory_order_relaxed)) return false;  // see queued_
     return take_locked(out);
   }
+  // For RegionBinding::write_now(), on the engine thread that serves the queue: whether the
+  // inbox may hold messages (a hint, as for take()), and whether it is still open. Only that
+  // thread closes it (on detach or failure), so it reads open_ without the lock.
+  bool maybe_waiting() const { return queued_.load(std::memory_order_relaxed); }
+  bool open_for_owner() const { return open_; }
 
   // Dispatched and not yet answered (server queues): what least_loaded compares.
   std::atomic<int64_t> outstanding{0};
@@ -113,6 +119,15 @@ class RegionBinding {
       std::vector<std::pair<uint64_t, std::chrono::steady_clock::time_point>>& out) = 0;
   // Requests written or waiting on `queues` and not yet answered (nor timed out).
   virtual size_t in_flight(std::span<const uint32_t> queues) const = 0;
+  // Server queue `queue`'s request written straight into its RX ring, by the engine thread that
+  // serves the queue (a hosted engine thread's I/O thread reading a request for its own queue):
+  // one copy from the read buffer into the slot, no message, no inbox. The tail is published by
+  // that thread's next round of serve(), once for all written since. False, and nothing
+  // written, when the request must take the inbox: requests wait before it (the backlog or the
+  // inbox), the ring has no room, the queue is closed, or the transport is remote.
+  virtual bool write_now(AgentRegion& region, uint32_t queue, uint64_t token,
+                         std::string_view bytes,
+                         std::chrono::steady_clock::time_point submitted) = 0;
   // Raises the region's stop word (the agent's pollers return).
   virtual void request_stop() = 0;
 };

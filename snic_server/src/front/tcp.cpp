@@ -42,6 +42,10 @@ using tcp = asio::ip::tcp;
 using udp = asio::ip::udp;
 using boost::system::error_code;
 using Clock = std::chrono::steady_clock;
+// A connection's socket, with its strand's own type as executor rather than Asio's type-erased
+// any_io_executor: every completion handler looks its executor up with prefer(), which copies an
+// erased strand into a heap block; the concrete one is copied inline.
+using StrandSocket = asio::basic_stream_socket<tcp, asio::strand<asio::io_context::executor_type>>;
 
 namespace {
 
@@ -129,7 +133,7 @@ struct TcpListenerState {
 
 class TcpConnection final : public ReplySink, public std::enable_shared_from_this<TcpConnection> {
  public:
-  TcpConnection(std::shared_ptr<TcpListenerState> shared, tcp::socket socket, uint64_t id,
+  TcpConnection(std::shared_ptr<TcpListenerState> shared, StrandSocket socket, uint64_t id,
                 const tcp::endpoint& peer)
       : ReplySink(shared->engine_threads),
         shared_(std::move(shared)),
@@ -596,7 +600,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   }
 
   std::shared_ptr<TcpListenerState> shared_;
-  tcp::socket socket_;
+  StrandSocket socket_;
   uint64_t id_;
   uint64_t flow_;  // the connection's flow for flow_affinity (flow_key of id_)
   // Replies delivered by the engine and not yet flushed to the strand, per engine thread:
@@ -685,7 +689,7 @@ class TcpListener final : public Listener {
   void accept() {
     // The connection goes to the next I/O context: its reads, writes and replies run there.
     acceptor_.async_accept(asio::make_strand(io_.next()),
-                           [this](error_code ec, tcp::socket socket) {
+                           [this](error_code ec, StrandSocket socket) {
                              if (ec == asio::error::operation_aborted || !acceptor_.is_open()) {
                                return;
                              }
@@ -700,7 +704,7 @@ class TcpListener final : public Listener {
 
   // A connection past max_connections or max_connections_per_address is closed at once;
   // otherwise it starts.
-  void admit(tcp::socket socket) {
+  void admit(StrandSocket socket) {
     error_code ec;
     const tcp::endpoint peer = socket.remote_endpoint(ec);
     if (ec) return;  // gone already (reset before it was accepted): the socket closes

@@ -71,21 +71,9 @@ class TransportBinding final : public RegionBinding {
       uint32_t written = 0;
       prof::Scope rx_write(prof::kRxWrite);
       while (!backlog.empty()) {
-        Message& m = backlog.front();
-        std::byte* dst = nullptr;
-        {
-          prof::Scope t(prof::kRxReserve);
-          dst = rx.reserve(static_cast<uint32_t>(m.bytes.size()));
-        }
-        if (dst == nullptr) break;  // no credits yet (a read of the head is in flight)
-        if (!m.bytes.empty()) {
-          prof::Scope t(prof::kRxCopy);
-          std::memcpy(dst, m.bytes.data(), m.bytes.size());
-        }
-        {
-          prof::Scope t(prof::kRxCommit);
-          rx.commit(static_cast<uint32_t>(m.bytes.size()), m.token, m.flags);
-        }
+        const Message& m = backlog.front();
+        // No credits yet (a read of the head is in flight): the rest waits for the next round.
+        if (!write_entry(rx, m.token, m.flags, m.bytes)) break;
         if (server_queue) server_[q].flights.add(m.token, m.submitted, with_deadlines);
         {
           prof::Scope t(prof::kRequestFree);
@@ -238,12 +226,7 @@ class TransportBinding final : public RegionBinding {
       QueueInbox& inbox = r.inbox(q);
       // Requests that came first are written first; a closed queue takes nothing more.
       if (!backlog_[q].empty() || inbox.maybe_waiting() || !inbox.open_for_owner()) return false;
-      auto& rx = region_.rx(q);
-      const auto n = static_cast<uint32_t>(bytes.size());
-      std::byte* dst = rx.reserve(n);
-      if (dst == nullptr) return false;
-      if (n != 0) std::memcpy(dst, bytes.data(), n);
-      rx.commit(n, token, 0);
+      if (!write_entry(region_.rx(q), token, 0, bytes)) return false;
       server_[q].flights.add(token, submitted, r.reply_timeout().count() != 0);
       server_[q].unpublished = true;
       return true;
@@ -251,6 +234,26 @@ class TransportBinding final : public RegionBinding {
   }
 
  private:
+  // One entry into an RX ring, unpublished: its slots reserved, the bytes copied, the header
+  // committed. False, and nothing written, when the ring has no room for it.
+  template <typename Rx>
+  static bool write_entry(Rx& rx, uint64_t token, uint16_t flags, std::string_view bytes) {
+    const auto n = static_cast<uint32_t>(bytes.size());
+    std::byte* dst = nullptr;
+    {
+      prof::Scope t(prof::kRxReserve);
+      dst = rx.reserve(n);
+    }
+    if (dst == nullptr) return false;
+    if (n != 0) {
+      prof::Scope t(prof::kRxCopy);
+      std::memcpy(dst, bytes.data(), n);
+    }
+    prof::Scope t(prof::kRxCommit);
+    rx.commit(n, token, flags);
+    return true;
+  }
+
   // A local transport (shm) reads a tail with a load: several engine threads may share the
   // region, each serving its own queues, and every round reads the tails of its queues. A
   // remote one (rdma) pays a READ per fetch of every tail: fetch every round while requests are

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <random>
@@ -326,6 +327,154 @@ TEST(GpuClientQueues, HandlersCallOutAndGetTheirRepliesWithRxLines) {
 TEST(GpuClientQueues, HandlersCallOutAndGetTheirRepliesWithRxAndTxLines) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   call_out(true, true);
+}
+
+// --- overlapped handlers (overlap.hpp) ------------------------------------------------------
+
+// Sends the request through client queue 0 and answers "<request>=<reply>"; every thread of the
+// group writes its share of the reply, so a broken barrier between the phases shows.
+template <Granularity G>
+struct OverlapRelay {
+  static constexpr Granularity kGranularity = G;
+  static constexpr uint32_t kInFlight = 16;
+  struct Pending {
+    uint32_t sent;
+    uint32_t length;
+    std::byte copy[64];  // the request, copied by the group in start()
+  };
+  CARACAL_HOST_DEVICE void start(const Request& req, Pending& p, Calls& calls, Context& ctx) {
+    const Group& g = ctx.group();
+    const uint32_t n = req.size < 64 ? req.size : 64;
+    for (uint32_t i = g.rank(); i < n; i += g.size())
+      p.copy[i] = req.data[i];
+    if (g.leader()) {
+      p.length = n;
+      p.sent = calls.send(0, req.data, req.size) ? 1 : 0;
+    }
+  }
+  CARACAL_HOST_DEVICE void finish(const Request&, Pending& p, const Replies& replies,
+                                  Response& resp, Context& ctx) {
+    const Group& g = ctx.group();
+    if (p.sent == 0 || replies[0].status != CallStatus::kOk) {
+      if (g.leader()) resp.set_error("overlap: call failed");
+      return;
+    }
+    const uint32_t n = p.length;
+    const uint32_t m = replies[0].length;
+    for (uint32_t i = g.rank(); i < n + 1 + m; i += g.size()) {
+      resp.data[i] = i < n ? p.copy[i] : i == n ? std::byte{'='} : replies[0].data[i - n - 1];
+    }
+    if (g.leader()) resp.size = n + 1 + m;
+  }
+};
+
+template <class H>
+class GpuOverlap : public ::testing::Test {};
+using OverlapShapes =
+    ::testing::Types<OverlapRelay<Granularity::kThread>, OverlapRelay<Granularity::kWarp>,
+                     OverlapRelay<Granularity::kBlock>>;
+TYPED_TEST_SUITE(GpuOverlap, OverlapShapes);
+
+// Two queues, two workers; the destination holds the calls and answers them newest first, in
+// groups of 16 (a worker that held its queue for each call would never have two open).
+TYPED_TEST(GpuOverlap, RequestsStayOpenAcrossCallsAndFinishAsRepliesLand) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const mqueue::RegionGeometry g = multi_slot_geometry(2, 2, true, false);
+  MappedShm shm(g);
+  GpuAccelerator<TypeParam> acc(shm.region(), TypeParam{}, {}, 0);
+  Status s = acc.start();
+  ASSERT_TRUE(s.ok()) << s.message();
+  SnicDriver& d = shm.driver;
+  const uint32_t per_queue = messages(2000);
+  std::vector<std::vector<PendingRequest>> requests(2);
+  for (uint32_t q = 0; q < 2; ++q) {
+    for (uint32_t i = 0; i < per_queue; ++i) {
+      requests[q].push_back(PendingRequest{
+          to_bytes("q" + std::to_string(q) + "-" + std::to_string(i)), request_token(q, i)});
+    }
+  }
+  std::vector<std::vector<TxEntry>> held(2);
+  std::vector<size_t> answered(2, 0);
+  size_t most_open = 0;
+  bool failed = false;
+  auto destination = [&] {
+    for (uint32_t c = 0; c < 2; ++c) {
+      d.take_client_requests(c, held[c]);
+      most_open = std::max(most_open, held[c].size());
+      if (held[c].size() >= 16 || answered[c] + held[c].size() == per_queue) {
+        for (auto it = held[c].rbegin(); it != held[c].rend(); ++it) {
+          std::string text = it->text();
+          std::reverse(text.begin(), text.end());
+          if (!d.answer(c, it->token, to_bytes(text))) failed = true;
+        }
+        answered[c] += held[c].size();
+        held[c].clear();
+      }
+    }
+  };
+  std::vector<std::vector<TxEntry>> replies;
+  ASSERT_TRUE(d.exchange(requests, replies, 0, destination)) << "timed out";
+  EXPECT_FALSE(failed);
+  EXPECT_EQ(most_open, 16u);
+  for (uint32_t q = 0; q < 2; ++q) {
+    ASSERT_EQ(replies[q].size(), per_queue);
+    std::vector<bool> seen(per_queue, false);
+    for (const TxEntry& r : replies[q]) {
+      const uint32_t i = token_seq(r.token);
+      ASSERT_LT(i, per_queue);
+      EXPECT_FALSE(seen[i]);
+      seen[i] = true;
+      const std::string text = to_text(requests[q][i].payload);
+      EXPECT_EQ(r.text(), text + "=" + std::string(text.rbegin(), text.rend()));
+    }
+  }
+  stop_ok(acc);
+  uint64_t stale = 0;
+  for (uint32_t w = 0; w < acc.workers(); ++w)
+    stale += acc.counters(w).stale_replies;
+  EXPECT_EQ(stale, 0u);
+}
+
+// A kernel stopped with requests open serves them again after the restart; the calls it made
+// before are answered late, and dropped (the tables outlive the launch, so tokens never repeat).
+TEST(GpuOverlapLifecycle, RequestsOpenAtAStopAreServedAgainAfterTheRestart) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const mqueue::RegionGeometry g = multi_slot_geometry(1, 1, false, false);
+  MappedShm shm(g);
+  using H = OverlapRelay<Granularity::kWarp>;
+  GpuAccelerator<H> acc(shm.region(), H{}, {}, 0);
+  Status s = acc.start();
+  ASSERT_TRUE(s.ok()) << s.message();
+  SnicDriver& d = shm.driver;
+  constexpr uint32_t kRequests = 6;
+  std::vector<std::vector<PendingRequest>> requests(1);
+  for (uint32_t i = 0; i < kRequests; ++i)
+    requests[0].push_back(PendingRequest{to_bytes("r" + std::to_string(i)), request_token(0, i)});
+  for (const PendingRequest& r : requests[0])
+    ASSERT_TRUE(d.try_push(0, r.payload, r.token));
+  d.publish(0);
+  std::vector<TxEntry> first;
+  ASSERT_TRUE(wait_until([&] {
+    d.take_client_requests(0, first);
+    return first.size() == kRequests;
+  }));
+  stop_ok(acc);
+  s = acc.start();
+  ASSERT_TRUE(s.ok()) << s.message();
+  for (const TxEntry& call : first)
+    ASSERT_TRUE(d.answer(0, call.token, to_bytes("late")));
+  std::vector<std::vector<TxEntry>> replies;
+  ASSERT_TRUE(d.exchange(requests, replies, kRequests, [&] {
+    std::vector<TxEntry> calls;
+    d.take_client_requests(0, calls);
+    for (const TxEntry& call : calls)
+      ASSERT_TRUE(d.answer(0, call.token, to_bytes("ok")));
+  })) << "timed out";
+  ASSERT_EQ(replies[0].size(), kRequests);
+  for (const TxEntry& r : replies[0])
+    EXPECT_EQ(r.text(), "r" + std::to_string(token_seq(r.token)) + "=ok");
+  stop_ok(acc);
+  EXPECT_EQ(acc.counters(0).stale_replies, kRequests);
 }
 
 // --- lifecycle ------------------------------------------------------------------------------

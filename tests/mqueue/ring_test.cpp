@@ -374,6 +374,37 @@ TEST_P(RingTest, UnreadReturnsTheSameEntryAgain) {
   EXPECT_EQ(c.head(), after_b);
 }
 
+TEST_P(RingTest, ReleaseToGivesBackOnlyTheEntriesBeforeTheMark) {
+  LocalRing ring(kSmall, start());
+  RingProducer p = ring.producer();
+  RingConsumer c = ring.consumer();
+  for (uint64_t token = 1; token <= 4; ++token)
+    ASSERT_TRUE(push_message(p, numbered_bytes(kOneSlot, token), token));
+  p.publish();
+  ASSERT_TRUE(pop_message(c).has_value());
+  const ReadMark before_second = c.mark();
+  ASSERT_TRUE(pop_message(c).has_value());
+  const ReadMark before_third = c.mark();
+  ASSERT_TRUE(pop_message(c).has_value());
+  EXPECT_EQ(c.distance(before_second), 1u);
+  EXPECT_EQ(c.distance(before_third), 2u);
+  // Entry 2 is held: only entry 1 goes back, though 3 was read too.
+  c.release_to(before_second);
+  c.publish();
+  EXPECT_EQ(c.head(), start() + 1);
+  p.refresh_credits();
+  EXPECT_EQ(p.credits(), 5u);
+  // Reading goes on past what is held; a full release gives back everything read.
+  const std::optional<Message> fourth = pop_message(c);
+  ASSERT_TRUE(fourth.has_value());
+  EXPECT_EQ(fourth->token, 4u);
+  EXPECT_EQ(fourth->payload, numbered_bytes(kOneSlot, 4));
+  c.release();
+  c.publish();
+  p.refresh_credits();
+  EXPECT_EQ(p.credits(), 8u);
+}
+
 TEST_P(RingTest, ProducerRereadsTheHeadOnlyWhenCreditsRunOut) {
   LocalRing ring(kSmall, start());
   RingProducer p = ring.producer();

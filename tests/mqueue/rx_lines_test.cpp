@@ -314,6 +314,32 @@ TEST_F(RxLinesTest, BothSidesResumeAtTheEntryCountsTheyPublished) {
   }
 }
 
+// A consumer that holds entries (release_to) publishes the entry count at its head, so one
+// that takes over reads the held entries again, by their lines.
+TEST_F(RxLinesTest, ATakeoverResumesAtTheOldestHeldEntry) {
+  RemoteRegion<ShmTransport> remote = attach();
+  {
+    RingConsumer rx = region_.view().rx_consumer(1);
+    for (uint32_t i = 0; i < 4; ++i)
+      ASSERT_TRUE(push_message(remote.rx(1), numbered_bytes(8, i), i));
+    remote.rx(1).publish();
+    ASSERT_TRUE(pop_by_line(rx).has_value());
+    const ReadMark held = rx.mark();
+    for (uint32_t i = 1; i < 4; ++i)
+      ASSERT_TRUE(pop_by_line(rx).has_value());
+    rx.release_to(held);
+    rx.publish();
+  }
+  EXPECT_EQ(word(IndexArray::kRxHead, 1, kEntriesWordOffset), 1u);
+  RingConsumer rx = region_.view().rx_consumer(1);
+  EXPECT_EQ(rx.entries(), 1u);
+  for (uint64_t token = 1; token <= 3; ++token) {
+    const std::optional<Message> m = pop_by_line(rx);
+    ASSERT_TRUE(m.has_value()) << token;
+    EXPECT_EQ(m->token, token);
+  }
+}
+
 TEST(RxLinesValidate, RefusesLineFieldsThatDoNotMatchTheFeature) {
   const RegionHeader good = compute_layout(lines_geometry(), 1);
   struct Case {

@@ -5,7 +5,8 @@
 // Two ways to use it:
 //  - call(): send one request and wait for its reply (one call in flight on the channel);
 //  - send() / next_reply() / release_replies(): many calls in flight, matched by token.
-// Do not mix them on one channel while replies are outstanding.
+// Do not mix them on one channel while replies are outstanding. An overlapped handler
+// (overlap.hpp) makes its calls through Calls instead, and the runtime matches the replies.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,38 @@ enum class CallStatus : uint8_t {
   kTokenMismatch,  // a reply for another token arrived (call() mixed with send())
   kReplyTooLarge,  // the reply did not fit the caller's buffer (truncated copy)
   kRemoteError,    // the SmartNIC answered with an error (destination down, timeout, ...)
+  // Calls of an overlapped handler (overlap.hpp) that did not go out:
+  kNoClient,      // no client queue of that index
+  kQueueFull,     // the client queue had no room
+  kTooManyCalls,  // the request had made kMaxCalls calls already
 };
+
+// What a status means, for logs and error replies.
+CARACAL_INLINE constexpr const char* call_status_name(CallStatus s) {
+  switch (s) {
+    case CallStatus::kOk:
+      return "ok";
+    case CallStatus::kTooLarge:
+      return "request too large for the client queue";
+    case CallStatus::kStopped:
+      return "the agent is stopping";
+    case CallStatus::kCorrupt:
+      return "the client queue is corrupt";
+    case CallStatus::kTokenMismatch:
+      return "a reply for another call";
+    case CallStatus::kReplyTooLarge:
+      return "reply too large";
+    case CallStatus::kRemoteError:
+      return "the destination failed or did not answer in time";
+    case CallStatus::kNoClient:
+      return "no such client queue";
+    case CallStatus::kQueueFull:
+      return "the client queue is full";
+    case CallStatus::kTooManyCalls:
+      return "more calls than the handler's kMaxCalls";
+  }
+  return "unknown call status";
+}
 
 struct CallResult {
   CallStatus status = CallStatus::kOk;
@@ -71,6 +103,20 @@ class ClientChannel {
   CARACAL_INLINE void release_replies() {
     replies_.release();
     replies_.publish();
+  }
+  // For a consumer that holds replies in place while it reads on (overlap.hpp): where the next
+  // reply starts, giving back the replies before a mark, and publishing after the caller's
+  // fence_release().
+  CARACAL_INLINE mqueue::ReadMark reply_mark() const { return replies_.mark(); }
+  CARACAL_INLINE uint32_t reply_distance(const mqueue::ReadMark& m) const {
+    return replies_.distance(m);
+  }
+  CARACAL_INLINE void release_replies_to(const mqueue::ReadMark& m) { replies_.release_to(m); }
+  CARACAL_INLINE void release_all_replies() { replies_.release(); }
+  CARACAL_INLINE void publish_replies_after_fence() { replies_.publish_after_fence(); }
+  // The request side's room check, for a sender that wants to know before it takes work.
+  CARACAL_INLINE uint32_t max_message_bytes() const {
+    return requests_.geometry().max_message_bytes;
   }
 
   // Sends `request` and waits for the reply with `token`, copying up to `out_capacity` bytes

@@ -7,6 +7,9 @@
 // When a reply ring is full it stops taking requests from that queue (backpressure reaches the
 // SmartNIC as RX credits it does not get back) until the SmartNIC drains it.
 //
+// An overlapped handler (kInFlight, overlap.hpp) is served by serve_overlapped, the loop the GPU
+// runs too, with a table of open requests per worker that outlives restarts.
+//
 // A handler that calls fault() (handler.hpp) stops its worker: the worker returns, its request
 // unanswered, and health() reports the fault from then on; the other workers go on until the
 // accelerator is stopped (the agent stops it once it sees the fault).
@@ -33,6 +36,7 @@
 
 #include "caracal/accel/client.hpp"
 #include "caracal/accel/handler.hpp"
+#include "caracal/accel/overlap.hpp"
 #include "caracal/core/status.hpp"
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/ring.hpp"
@@ -64,6 +68,7 @@ struct WorkerStats {
   std::atomic<uint64_t> reply_ring_full{0};  // times a burst stopped on a full TX ring
   std::atomic<uint64_t> corrupt_entries{0};  // RX entries that failed validation (ring stopped)
   std::atomic<uint64_t> idle_sleeps{0};      // sleeps between polls of an idle worker
+  std::atomic<uint64_t> stale_replies{0};    // client replies for no open call (overlapped)
 };
 
 // The idle policy of one worker (CpuOptions::idle_spin_us, idle_sleep_max_us): spin, yielding
@@ -136,12 +141,21 @@ void write_error(Response& resp, const std::string& text);
 
 template <Handler H>
 class CpuAccelerator {
+  static constexpr bool kOverlapped = DeclaresInFlight<H>;
+  static_assert(!kOverlapped || OverlappedHandler<H>,
+                "a handler with kInFlight needs a trivially copyable Pending, start() and finish() "
+                "(caracal/accel/overlap.hpp)");
+
  public:
   CpuAccelerator(mqueue::RegionView region, H handler, CpuOptions options = {})
       : region_(region), handler_(std::move(handler)), options_(std::move(options)) {
     if (options_.workers == 0) options_.workers = 1;
     if (options_.burst == 0) options_.burst = 1;
     stats_ = std::make_unique<WorkerStats[]>(options_.workers);
+    if constexpr (kOverlapped) {
+      // Value-initialized: next_seq starts at 0 and stays with the worker across restarts.
+      tables_ = std::make_unique<overlap::Table<H>[]>(options_.workers);
+    }
   }
   CpuAccelerator(const CpuAccelerator&) = delete;
   CpuAccelerator& operator=(const CpuAccelerator&) = delete;
@@ -228,14 +242,58 @@ class CpuAccelerator {
     uint32_t index;
     mqueue::RingConsumer rx;
     mqueue::RingProducer tx;
-    bool stopped;  // a corrupt entry stopped this queue
+    uint32_t stopped;   // a corrupt entry stopped this queue
+    uint32_t finished;  // overlapped: requests were answered this round
+  };
+
+  // The single-thread group of an overlapped worker.
+  struct SoloLanes {
+    static void sync() {}
+  };
+
+  // Runs an overlapped handler's phases as invoke() runs a call operator: an exception becomes
+  // the request's error reply (start()'s is kept in the slot until its finish step).
+  struct OverlapInvoke {
+    WorkerStats& stats;
+    std::vector<std::string> start_errors;  // per slot
+
+    bool start(H& h, const Request& req, typename H::Pending& p, Calls& calls, Context& ctx,
+               uint32_t slot) {
+      try {
+        h.start(req, p, calls, ctx);
+        return true;
+      } catch (const HandlerFault&) {
+        throw;
+      } catch (const std::exception& ex) {
+        start_errors[slot] = std::string("handler failed: ") + ex.what();
+      } catch (...) {
+        start_errors[slot] = "handler failed with a non-standard exception";
+      }
+      stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    void finish(H& h, const Request& req, typename H::Pending& p, const Replies& replies,
+                Response& resp, Context& ctx) {
+      try {
+        h.finish(req, p, replies, resp, ctx);
+        return;
+      } catch (const HandlerFault&) {
+        throw;
+      } catch (const std::exception& ex) {
+        detail::write_error(resp, std::string("handler failed: ") + ex.what());
+      } catch (...) {
+        detail::write_error(resp, "handler failed with a non-standard exception");
+      }
+      stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    void failed(Response& resp, uint32_t slot) { detail::write_error(resp, start_errors[slot]); }
   };
 
   void run_worker(uint32_t w) {
     const mqueue::RegionHeader& h = region_.header();
     std::vector<ServerQueue> queues;
     for (uint32_t q = w; q < h.server_queue_count; q += options_.workers) {
-      queues.push_back(ServerQueue{q, region_.rx_consumer(q), region_.tx_producer(q), false});
+      queues.push_back(ServerQueue{q, region_.rx_consumer(q), region_.tx_producer(q), 0, 0});
     }
     std::vector<ClientChannel> clients;
     for (uint32_t c = w; c < h.client_queue_count; c += options_.workers) {
@@ -251,7 +309,11 @@ class CpuAccelerator {
     WorkerStats& stats = stats_[w];
 
     try {
-      serve_until_stopped(queues, handler, ctx, max_response, staging, stats);
+      if constexpr (kOverlapped) {
+        serve_overlapped_until_stopped(w, queues, clients, handler, ctx, max_response, stats);
+      } else {
+        serve_until_stopped(queues, handler, ctx, max_response, staging, stats);
+      }
     } catch (const HandlerFault& f) {
       // The request that faulted stays in its ring, unanswered: the worker is done.
       std::lock_guard lock(fault_m_);
@@ -289,6 +351,56 @@ class CpuAccelerator {
         if (region_.stop_requested()) break;
       }
     }
+  }
+
+  // The loop of an overlapped handler's worker (overlap.hpp), until the stop word is raised.
+  // While requests are open it polls at full speed: their replies may land at any time.
+  void serve_overlapped_until_stopped(uint32_t w, std::vector<ServerQueue>& queues,
+                                      std::vector<ClientChannel>& clients, H& handler, Context& ctx,
+                                      uint32_t max_response, WorkerStats& stats) {
+    overlap::Table<H>& table = tables_[w];
+    table.reset();
+    const overlap::Worker<ServerQueue> worker{queues.data(),
+                                              1,
+                                              static_cast<uint32_t>(queues.size()),
+                                              w,
+                                              options_.workers,
+                                              clients.data(),
+                                              static_cast<uint32_t>(clients.size()),
+                                              options_.burst,
+                                              max_response,
+                                              true};
+    std::vector<uint32_t> channel_stopped(clients.size(), 0);
+    OverlapInvoke invoke{stats, std::vector<std::string>(overlap::Table<H>::kSlots)};
+    overlap::Box box{};
+    IdleBackoff backoff(options_);
+    uint32_t rounds = 0;
+    for (;;) {
+      overlap::Counts counts;
+      bool open = false;
+      const uint32_t work = serve_overlapped<H, SoloLanes>(
+          table, worker, handler, ctx, &box, true, invoke, channel_stopped.data(), counts, open);
+      if (work != 0) add_counts(stats, counts);
+      if (++rounds % 2048 == 0 && region_.stop_requested()) break;
+      if (work != 0) {
+        backoff.worked();
+      } else if (open) {
+        backoff.worked();
+        mqueue::spin_pause();
+      } else if (backoff.idle()) {
+        stats.idle_sleeps.fetch_add(1, std::memory_order_relaxed);
+        if (region_.stop_requested()) break;
+      }
+    }
+  }
+
+  static void add_counts(WorkerStats& stats, const overlap::Counts& c) {
+    constexpr auto kRelaxed = std::memory_order_relaxed;
+    if (c.requests != 0) stats.requests.fetch_add(c.requests, kRelaxed);
+    if (c.handler_errors != 0) stats.handler_errors.fetch_add(c.handler_errors, kRelaxed);
+    if (c.reply_ring_full != 0) stats.reply_ring_full.fetch_add(c.reply_ring_full, kRelaxed);
+    if (c.corrupt_entries != 0) stats.corrupt_entries.fetch_add(c.corrupt_entries, kRelaxed);
+    if (c.stale_replies != 0) stats.stale_replies.fetch_add(c.stale_replies, kRelaxed);
   }
 
   // Serves up to `burst` requests of one queue with a single-request handler, writing replies
@@ -446,6 +558,9 @@ class CpuAccelerator {
   CpuOptions options_;
   std::vector<std::thread> threads_;
   std::unique_ptr<WorkerStats[]> stats_;
+  // Overlapped handlers: each worker's open requests (overlap.hpp); unused otherwise.
+  struct NoTable {};
+  std::unique_ptr<std::conditional_t<kOverlapped, overlap::Table<H>, NoTable>[]> tables_;
   std::atomic<bool> abort_start_{false};
   // A member, not a local of start(): a worker may still be reading it after start() returns.
   std::atomic<bool> go_{false};

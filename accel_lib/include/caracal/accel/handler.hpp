@@ -21,6 +21,9 @@
 //    the region's max_message_bytes). Smaller values reserve less of the TX ring per request.
 //  - `static constexpr uint32_t kBlockThreads`: a block-granular handler's block size on a GPU
 //    (default: the agent's gpu.block_threads).
+//  - `static constexpr uint32_t kInFlight` with start() and finish() instead of the call
+//    operator: an overlapped handler, whose worker keeps up to kInFlight requests open across
+//    their client calls (overlap.hpp).
 //
 // Copies. Every worker holds its own copy of the handler, made from the one the agent started
 // the region with: a CPU worker thread copies it once; a GPU kernel takes it by value as a
@@ -197,8 +200,15 @@ constexpr uint32_t max_response_of(uint32_t max_message_bytes) {
   }
 }
 
+// An overlapped handler (overlap.hpp: kInFlight, start() and finish()); the accelerators check
+// the rest of its shape (OverlappedHandler).
+template <class H>
+concept DeclaresInFlight = requires {
+  H::kInFlight;
+};
+
 template <class H>
 concept Handler = (batch_of<H>() == 1 && MessageHandler<H>) ||
-                  (batch_of<H>() > 1 && BatchHandler<H>);
+                  (batch_of<H>() > 1 && BatchHandler<H>) || DeclaresInFlight<H>;
 
 }  // namespace caracal::accel

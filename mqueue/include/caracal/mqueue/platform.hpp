@@ -18,11 +18,14 @@
 // warns about each of their calls into the transport (libcu++ does the same for its own
 // templates, _CCCL_EXEC_CHECK_DISABLE).
 #define CARACAL_POLICY_INLINE _Pragma("nv_exec_check_disable") __host__ __device__ __forceinline__
+// The same for a function template over such policies: written before its `template`.
+#define CARACAL_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
 #else
 #include <atomic>
 #define CARACAL_HOST_DEVICE
 #define CARACAL_INLINE inline
 #define CARACAL_POLICY_INLINE inline
+#define CARACAL_EXEC_CHECK_DISABLE
 #endif
 
 namespace caracal::mqueue {

@@ -169,6 +169,14 @@ struct Entry {
   uint64_t token = 0;
 };
 
+// Where a consumer stood before an entry it read: release_to() gives back the entries before
+// that point and keeps it and those after it, for a consumer that holds some entries in place
+// while it reads on (the overlapped handlers of accel/overlap.hpp).
+struct ReadMark {
+  uint32_t position = 0;
+  uint32_t entries = 0;  // the entry count there (with lines)
+};
+
 // One entry's line (layout.hpp, RX and TX lines): its kLineWords words, and the flag each word
 // carries once written. W is const on the consumer's side; words is nullptr where there is no
 // line to use.
@@ -450,14 +458,27 @@ class BasicRingConsumer {
         last_start_(head),
         entries_(entries),
         last_entries_(entries),
-        published_entries_(entries) {}
+        published_entries_(entries),
+        head_entries_(entries) {}
 
   // Gives back every entry read so far (locally; publish() tells the producer).
   CARACAL_POLICY_INLINE void release() {
     head_ = read_;
+    head_entries_ = entries_;
     last_start_ = read_;
     last_entries_ = entries_;
   }
+
+  // Where the next entry read will start (mark it before next(), to hold that entry).
+  CARACAL_POLICY_INLINE ReadMark mark() const { return {read_, entries_}; }
+  // Gives back the entries read before `m` (a mark() taken since the last release) and keeps
+  // the rest read for a later release; unread() is unaffected.
+  CARACAL_POLICY_INLINE void release_to(const ReadMark& m) {
+    head_ = m.position;
+    head_entries_ = m.entries;
+  }
+  // How far `m` lies past the head, in slots: among held entries the smallest is the oldest.
+  CARACAL_POLICY_INLINE uint32_t distance(const ReadMark& m) const { return m.position - head_; }
 
   // The head once per burst, after the entry count (with lines; only a consumer that takes the
   // ring over reads it back). The caller must be done reading the released entries: the head
@@ -536,10 +557,11 @@ class BasicRingConsumer {
     return Entry{slot(position) + kSlotHeaderBytes, h.length, h.flags, h.token};
   }
 
+  // The entry count at the head: what a consumer that takes the ring over resumes with.
   CARACAL_POLICY_INLINE void publish_entries() {
-    if (access_.has_lines() && entries_ != published_entries_) {
-      access_.publish_entries(entries_);
-      published_entries_ = entries_;
+    if (access_.has_lines() && head_entries_ != published_entries_) {
+      access_.publish_entries(head_entries_);
+      published_entries_ = head_entries_;
     }
   }
 
@@ -554,6 +576,7 @@ class BasicRingConsumer {
   uint32_t entries_ = 0;  // entries read, skip markers included (with lines)
   uint32_t last_entries_ = 0;
   uint32_t published_entries_ = 0;
+  uint32_t head_entries_ = 0;  // the entry count at head_ (with lines)
   EntryCheck last_check_ = EntryCheck::kOk;
 };
 

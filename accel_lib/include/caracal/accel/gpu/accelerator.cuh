@@ -11,6 +11,10 @@
 // of one queue at once; its replies go to per-worker staging in device memory, and the group
 // copies them into the TX ring after the call.
 //
+// An overlapped handler (kInFlight, overlap.hpp) runs serve_overlapped instead, the loop the
+// CPU runs too: the group follows its leader through a box in the mailbox's memory, and the
+// worker's open requests live in a table in device memory that outlives the launch.
+//
 // Memory ordering. Every index is read with a system-scope acquire and published with a
 // system-scope release (mqueue/platform.hpp): the peer is another processor (the CPU through a
 // mapping, or a NIC's DMA). Payload bytes written by any thread of a group before the group's
@@ -64,6 +68,7 @@
 #include "caracal/accel/gpu/launch.hpp"
 #include "caracal/accel/gpu/options.hpp"
 #include "caracal/accel/handler.hpp"
+#include "caracal/accel/overlap.hpp"
 #include "caracal/mqueue/layout.hpp"
 #include "caracal/mqueue/region.hpp"
 #include "caracal/mqueue/ring.hpp"
@@ -79,7 +84,8 @@ inline constexpr uint32_t kFirstSleepNs = 32;
 struct QueueState {
   mqueue::RingConsumer rx;
   mqueue::RingProducer tx;
-  uint32_t stopped;  // a corrupt RX entry stopped this queue
+  uint32_t stopped;   // a corrupt RX entry stopped this queue
+  uint32_t finished;  // overlapped handlers: requests were answered this round
 };
 
 enum : uint32_t { kStepIdle = 0, kStepServe = 1, kStepExit = 2 };
@@ -126,6 +132,10 @@ struct KernelArgs {
   // a warp- or block-granular single-request handler (kBatch 1). nullptr: none.
   std::byte* staging;
   uint32_t staging_stride;
+  // Overlapped handlers (overlap.hpp): each worker's table of open requests, kept across
+  // launches, and its client queues' stopped flags.
+  std::byte* overlap_tables;
+  uint32_t* channel_stopped;
   uint32_t workers;
   uint32_t burst;
   uint32_t busy_polls;
@@ -169,10 +179,20 @@ struct LeaderTotals {
   uint64_t handler_errors = 0;
   uint64_t reply_ring_full = 0;
   uint64_t corrupt_entries = 0;
+  uint64_t stale_replies = 0;
   uint64_t written = 0;  // sum of the above at the last flush
 
+  __device__ void add(const overlap::Counts& c) {
+    requests += c.requests;
+    handler_errors += c.handler_errors;
+    reply_ring_full += c.reply_ring_full;
+    corrupt_entries += c.corrupt_entries;
+    stale_replies += c.stale_replies;
+  }
+
   __device__ void flush(WorkerCounters& c) {
-    const uint64_t sum = requests + handler_errors + reply_ring_full + corrupt_entries;
+    const uint64_t sum =
+        requests + handler_errors + reply_ring_full + corrupt_entries + stale_replies;
     if (sum == written) return;
     written = sum;
     // Relaxed: reporting only; the host reads each word relaxed.
@@ -181,6 +201,7 @@ struct LeaderTotals {
     Ref(c.handler_errors).store(handler_errors, cuda::std::memory_order_relaxed);
     Ref(c.reply_ring_full).store(reply_ring_full, cuda::std::memory_order_relaxed);
     Ref(c.corrupt_entries).store(corrupt_entries, cuda::std::memory_order_relaxed);
+    Ref(c.stale_replies).store(stale_replies, cuda::std::memory_order_relaxed);
   }
 };
 
@@ -449,6 +470,53 @@ __device__ uint32_t serve_batches(const KernelArgs& a, QueueState& qs, uint32_t 
   return total;
 }
 
+// Runs an overlapped handler's phases on the device (no exceptions: start() never fails).
+template <class H>
+struct DeviceOverlapInvoke {
+  __device__ bool start(H& h, const Request& req, typename H::Pending& p, Calls& calls,
+                        Context& ctx, uint32_t) {
+    h.start(req, p, calls, ctx);
+    return true;
+  }
+  __device__ void finish(H& h, const Request& req, typename H::Pending& p, const Replies& replies,
+                         Response& resp, Context& ctx) {
+    h.finish(req, p, replies, resp, ctx);
+  }
+  __device__ void failed(Response& resp, uint32_t) { resp.set_error("handler start failed"); }
+};
+
+// One overlapped round of worker `w` (serve_overlapped); returns its work in the leader, and
+// counts a round with requests open as work, so that the worker does not sleep on them.
+template <class H, class L>
+__device__ uint32_t serve_overlapped_round(const KernelArgs& a, uint32_t w, H& handler,
+                                           Context& ctx, Mailbox* box, bool leader,
+                                           LeaderTotals& tally, uint32_t server_queues) {
+  auto& table = reinterpret_cast<overlap::Table<H>*>(a.overlap_tables)[w];
+  uint32_t own = 0;
+  for (uint32_t q = w; q < server_queues; q += a.workers)
+    ++own;
+  const overlap::Worker<QueueState> worker{a.queues + w,
+                                           a.workers,
+                                           own,
+                                           w,
+                                           a.workers,
+                                           ctx.client_count() == 0 ? nullptr : &ctx.client(0),
+                                           ctx.client_count(),
+                                           a.burst,
+                                           a.max_response,
+                                           false};
+  DeviceOverlapInvoke<H> invoke;
+  overlap::Counts counts;
+  bool open = false;
+  // The box lives in the mailbox's memory: one group step at a time uses either.
+  const uint32_t work = serve_overlapped<H, L>(
+      table, worker, handler, ctx, reinterpret_cast<overlap::Box*>(box), leader, invoke,
+      a.channel_stopped + size_t{w} * a.channels_per_worker, counts, open);
+  if (!leader) return 0;
+  tally.add(counts);
+  return work != 0 || open ? 1 : 0;
+}
+
 // One extern declaration of the dynamic shared memory for every instantiation.
 extern __shared__ __align__(16) unsigned char mailbox_memory[];
 
@@ -474,10 +542,14 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
     // Ring state starts from the indexes in the region, so a restarted kernel resumes where the
     // last one published.
     for (uint32_t q = w; q < server_queues; q += a.workers) {
-      a.queues[q] = QueueState{region.rx_consumer(q), region.tx_producer(q), 0};
+      a.queues[q] = QueueState{region.rx_consumer(q), region.tx_producer(q), 0, 0};
     }
     for (uint32_t c = w, i = 0; c < client_queues; c += a.workers, ++i) {
       channels[i] = ClientChannel(region, c);
+    }
+    if constexpr (DeclaresInFlight<H>) {
+      // Requests left open by an earlier launch are read again from the rings.
+      reinterpret_cast<overlap::Table<H>*>(a.overlap_tables)[w].reset();
     }
   }
   L::sync();
@@ -494,17 +566,21 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
   uint32_t sleep_ns = 0;
   for (;;) {
     uint32_t served = 0;
-    for (uint32_t q = w; q < server_queues; q += a.workers) {
-      // The leader works on a copy of the ring state in registers and writes it back: in
-      // device memory each of its steps would be a dependent load.
-      QueueState qs;
-      if (leader) qs = a.queues[q];
-      if constexpr (batch_of<H>() == 1) {
-        served += serve_queue<H, L>(a, qs, q, handler, ctx, box, leader, tally, stage);
-      } else {
-        served += serve_batches<H, L>(a, qs, q, w, handler, ctx, box, leader, tally);
+    if constexpr (DeclaresInFlight<H>) {
+      served = serve_overlapped_round<H, L>(a, w, handler, ctx, box, leader, tally, server_queues);
+    } else {
+      for (uint32_t q = w; q < server_queues; q += a.workers) {
+        // The leader works on a copy of the ring state in registers and writes it back: in
+        // device memory each of its steps would be a dependent load.
+        QueueState qs;
+        if (leader) qs = a.queues[q];
+        if constexpr (batch_of<H>() == 1) {
+          served += serve_queue<H, L>(a, qs, q, handler, ctx, box, leader, tally, stage);
+        } else {
+          served += serve_batches<H, L>(a, qs, q, w, handler, ctx, box, leader, tally);
+        }
+        if (leader) a.queues[q] = qs;
       }
-      if (leader) a.queues[q] = qs;
     }
     if (leader) {
       ++rounds;
@@ -540,6 +616,11 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
 
 template <Handler H>
 class GpuAccelerator {
+  static constexpr bool kOverlapped = DeclaresInFlight<H>;
+  static_assert(!kOverlapped || OverlappedHandler<H>,
+                "a handler with kInFlight needs a trivially copyable Pending, start() and finish() "
+                "(caracal/accel/overlap.hpp)");
+
  public:
   GpuAccelerator(GpuRegion region, H handler, GpuOptions options = {}, int device = 0)
       : region_(region), handler_(std::move(handler)), options_(options), device_(device) {}
@@ -586,6 +667,16 @@ class GpuAccelerator {
     if constexpr (kBatch > 1) {
       CARACAL_RETURN_IF_ERROR(alloc(res->batch, batch_entry * w * kBatch, "GPU batch state"));
     }
+    if constexpr (kOverlapped) {
+      // The tables outlive a launch (their sequence numbers keep tokens from repeating), so they
+      // are allocated once for the accelerator's life, zero-filled.
+      const uint64_t tables = sizeof(overlap::Table<H>) * w;
+      if (overlap_tables_.size() < tables) {
+        CARACAL_RETURN_IF_ERROR(alloc(overlap_tables_, tables, "GPU open-request tables"));
+      }
+      CARACAL_RETURN_IF_ERROR(
+          alloc(res->channel_stopped, sizeof(uint32_t) * w * per_worker, "GPU client queue flags"));
+    }
     // Batched handlers' replies; with TX lines, a warp's or block's single reply.
     const bool stage_replies = kBatch > 1 || (mqueue::has_tx_lines(header_) &&
                                               granularity_of<H>() != Granularity::kThread);
@@ -628,6 +719,10 @@ class GpuAccelerator {
     }
     args.staging = stage_replies ? res->staging.data() : nullptr;
     args.staging_stride = stride;
+    if constexpr (kOverlapped) {
+      args.overlap_tables = overlap_tables_.data();
+      args.channel_stopped = reinterpret_cast<uint32_t*>(res->channel_stopped.data());
+    }
     args.workers = w;
     args.burst = options_.burst == 0 ? 1 : options_.burst;
     args.busy_polls = options_.busy_polls;
@@ -657,6 +752,7 @@ class GpuAccelerator {
     running_ = false;
     if (timed_out) {
       (void)resources_.release();  // the kernel may still use it: see above
+      if constexpr (kOverlapped) overlap_tables_.leak();
       failure_ = done;
       return done;
     }
@@ -713,6 +809,7 @@ class GpuAccelerator {
         std::atomic_ref<uint64_t>(c->reply_ring_full).load(std::memory_order_relaxed);
     out.corrupt_entries =
         std::atomic_ref<uint64_t>(c->corrupt_entries).load(std::memory_order_relaxed);
+    out.stale_replies = std::atomic_ref<uint64_t>(c->stale_replies).load(std::memory_order_relaxed);
     return out;
   }
   void snapshot_counters() {
@@ -728,6 +825,7 @@ class GpuAccelerator {
   mqueue::RegionHeader header_{};
   detail::LaunchShape shape_{};
   std::unique_ptr<detail::LaunchResources> resources_;
+  DeviceBuffer overlap_tables_;  // overlapped handlers: see start()
   std::vector<WorkerCounters> last_counters_;
   bool running_ = false;
   bool raised_stop_ = false;

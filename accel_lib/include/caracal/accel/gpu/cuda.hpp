@@ -108,6 +108,8 @@ class DeviceBuffer {
   std::byte* data() const { return owned_.get().data; }
   uint64_t size() const { return owned_.get().size; }
   void reset() { owned_.reset(); }
+  // Forgets the memory without freeing it (a kernel that did not return may still use it).
+  void leak() { owned_.leak(); }
 
  private:
   CudaOwned<DeviceAllocation, detail::FreeDevice> owned_;

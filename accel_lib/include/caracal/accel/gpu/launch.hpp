@@ -63,6 +63,7 @@ struct LaunchResources {
   DeviceBuffer channels;
   DeviceBuffer batch;
   DeviceBuffer staging;
+  DeviceBuffer channel_stopped;  // overlapped handlers: [workers][channels_per_worker]
   MappedBuffer counters;
   Stream stream;   // the persistent kernel's
   Stream control;  // stop-word writes to a device-memory region

@@ -34,6 +34,7 @@ struct alignas(64) WorkerCounters {
   uint64_t handler_errors = 0;   // responses that claimed more bytes than their buffer holds
   uint64_t reply_ring_full = 0;  // times a burst stopped on a full TX ring
   uint64_t corrupt_entries = 0;  // RX entries that failed validation (that queue stopped)
+  uint64_t stale_replies = 0;    // client replies for no open call (overlapped handlers)
 };
 static_assert(sizeof(WorkerCounters) == 64);
 

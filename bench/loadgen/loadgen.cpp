@@ -28,7 +28,9 @@
 //
 // `--error-prefix TEXT`: a reply that starts with TEXT is the server's error reply (snic_server's
 // `error_reply`, e.g. "ERROR {reason}"): counted as an error reply, not as wrong, and its place
-// goes on. `--timeline-ms N`: the JSON also has the right replies and error replies of every
+// goes on; `--face-store-outage` does the same for a face reply of status store_unavailable or
+// unknown_person (what the handler answers while memcached is down, or restarted and not yet
+// reloaded). `--timeline-ms N`: the JSON also has the right replies and error replies of every
 // N ms of the run, from its start (warm-up included), to show throughput over time across an
 // event such as an agent lost mid-run, and the requests lost (UDP, by when they were sent) and
 // lost with a broken connection (TCP, by when it broke). `--matvec-rounds R`: the matvec handler's
@@ -108,6 +110,7 @@ struct Options {
   bool busy_poll = false;
   uint32_t matvec_rounds = 1;
   std::string error_prefix;
+  bool face_store_outage = false;  // face: store_unavailable, unknown_person are error replies
   uint32_t timeline_ms = 0;
   uint32_t client_id = 0;
   uint32_t reconnect_ms = 0;  // 0: a broken TCP connection stays broken (and fails the run)
@@ -276,6 +279,10 @@ class Conn {
   void refill(uint32_t place);
   void pump();
   void on_reply(uint32_t place, const std::byte* data, uint32_t size);
+  // An error reply (`reason`: its cause, for the counts; `text`: for the log). It answers the
+  // request in flight; a place whose request was given up (UDP) has none, and the error was
+  // that request's.
+  void on_error_reply(uint32_t place, std::string_view reason, const std::string& text);
   void count_wrong(WrongKind kind, const std::string& why);
   std::string where() const;
 
@@ -537,27 +544,37 @@ void Conn::count_wrong(WrongKind kind, const std::string& why) {
   st_.error(where() + ": " + why);
 }
 
+void Conn::on_error_reply(uint32_t i, std::string_view reason, const std::string& text) {
+  if (st_.errors.size() < 5) st_.error(where() + ": error reply: " + text);
+  if (places_[i].busy) {
+    ++st_.error_reasons[std::string(reason.substr(0, ThreadState::kReasonBytes))];
+    complete(i, Answer::kError);
+  } else {
+    ++st_.c.late_error_replies;
+  }
+}
+
 void Conn::on_reply(uint32_t i, const std::byte* data, uint32_t size) {
   Place& p = places_[i];
   const std::string& prefix = plan_.opt->error_prefix;
   if (!prefix.empty() && size >= prefix.size() &&
       std::memcmp(data, prefix.data(), prefix.size()) == 0) {
-    // The server's error reply. It answers the request in flight; a place whose request was
-    // given up (UDP) has none, and the error was that request's.
-    if (st_.errors.size() < 5) {
-      st_.error(where() + ": error reply: " +
-                std::string(reinterpret_cast<const char*>(data), std::min<uint32_t>(size, 120)));
-    }
-    if (p.busy) {
-      std::string_view reason(reinterpret_cast<const char*>(data) + prefix.size(),
-                              size - prefix.size());
-      reason = reason.substr(0, std::min(reason.find(':'), ThreadState::kReasonBytes));
-      ++st_.error_reasons[std::string(reason)];
-      complete(i, Answer::kError);
-    } else {
-      ++st_.c.late_error_replies;
-    }
+    // The server's error reply.
+    std::string_view reason(reinterpret_cast<const char*>(data) + prefix.size(),
+                            size - prefix.size());
+    on_error_reply(i, reason.substr(0, reason.find(':')),
+                   std::string(reinterpret_cast<const char*>(data), std::min<uint32_t>(size, 120)));
     return;
+  }
+  if (plan_.opt->face_store_outage) {
+    using examples::face::ReplyStatus;
+    const examples::face::Decoded d = examples::face::decode_reply(data, size);
+    if (d.error.empty() && !d.reason.empty() &&
+        (d.status == ReplyStatus::kStoreUnavailable || d.status == ReplyStatus::kUnknownPerson)) {
+      on_error_reply(i, d.reason,
+                     std::string(examples::face::status_name(d.status)) + ": " + d.reason);
+      return;
+    }
   }
   std::string why;
   WrongKind kind = WrongKind::kCorrupt;
@@ -1113,6 +1130,7 @@ int run(const Options& o) {
     j.field("timeout_ms", o.timeout_ms);
     j.field("matvec_rounds", o.matvec_rounds);
     j.field("error_prefix", o.error_prefix);
+    j.field("face_store_outage", o.face_store_outage);
     j.field("client_id", o.client_id);
     j.field("reconnect_ms", o.reconnect_ms);
     j.field("until_signal", o.until_signal);
@@ -1251,6 +1269,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--error-prefix", o.error_prefix,
                  "A reply starting with this text is an error reply: counted, not wrong");
+  app.add_flag("--face-store-outage", o.face_store_outage,
+               "face: a store_unavailable or unknown_person reply (memcached down, slow, or "
+               "restarted and not yet reloaded) is an error reply, counted by reason, not wrong");
   app.add_option("--timeline-ms", o.timeline_ms,
                  "Replies and error replies per interval of this many ms, in the JSON")
       ->check(CLI::Range(0u, 60000u))

@@ -6,11 +6,11 @@
 // fails or times out: its destination's `timeout_ms`), and a stored value that fails its checks
 // each get an error status with a reason, never a verdict.
 //
-// Host/device code. On a GPU a block of kBlockThreads threads serves a batch of up to kBatch
-// requests of one queue: its leader sends every request's `get` at once, then the block takes
-// the requests in turn, each thread the histograms of its cells of the image while the fetch is
-// in flight, then its cells' share of the distance; sums go through shared memory. On the CPU a
-// worker thread does the same alone. The baseline servers (bench/baselines) run the same
+// Host/device code. On a GPU a block of kBlockThreads threads serves its queues with up to
+// kInFlight requests open: for each new request its leader sends the `get` and every thread
+// computes the histograms of its cells of the image while the fetch is in flight; when the
+// reply lands, each thread its cells' share of the distance, sums through shared memory. On the
+// CPU a worker thread does the same alone. The baseline servers (bench/baselines) run the same
 // functions below the handler (histograms, compare_reference) on their own fetches.
 #pragma once
 
@@ -19,6 +19,7 @@
 #include "caracal/accel/bytes.hpp"
 #include "caracal/accel/client.hpp"
 #include "caracal/accel/handler.hpp"
+#include "caracal/accel/overlap.hpp"
 #include "caracal/mqueue/layout.hpp"
 #include "face_format.hpp"
 
@@ -201,31 +202,38 @@ CARACAL_INLINE Lookup parse_get_reply(const char* text, uint32_t have, uint32_t 
   return {ReplyStatus::kMatch, static_cast<uint32_t>(start), static_cast<uint32_t>(bytes), nullptr};
 }
 
-// The handler (the agent runs it; see the top of the file).
+// The handler (the agent runs it; see the top of the file). Overlapped (overlap.hpp): start()
+// checks the request, sends its `get` and computes the image's histograms into the request's
+// Pending while the fetch is in flight; finish() runs when the reply lands and compares. In
+// between, the worker takes and finishes other requests.
 struct FaceVerify {
   static constexpr accel::Granularity kGranularity = accel::Granularity::kBlock;
   static constexpr uint32_t kBlockThreads = 64;  // a thread per cell
-  static constexpr uint32_t kBatch = 8;
+  // A queue's RX ring of 512 slots holds 30 requests of 17 slots: a worker of one queue has
+  // them all open at once.
+  static constexpr uint32_t kInFlight = 32;
   static constexpr uint32_t kMaxResponseBytes = kMaxReplyBytes;
   // A memcached reply with the reference: the VALUE line, the value, "\r\nEND\r\n".
   static constexpr uint32_t kGetReplyCapacity = 4096;
   static_assert(kGetReplyCapacity >= kReferenceBytes + 64);
 
-  enum : uint32_t { kSent = 0, kBad = 1, kNoClient = 2, kQueueFull = 3 };
+  enum : uint32_t { kSent = 0, kBad = 1, kNotSent = 2 };
 
-  // What the group shares: shared memory on a GPU, the worker thread's own on the CPU.
+  // Kept for a request between its phases (device memory on a GPU). The leader writes person
+  // and state; each thread its own cells' histograms, which it alone reads again.
+  struct Pending {
+    uint32_t person;
+    uint32_t state;
+    uint8_t histograms[kHistogramBytes];
+  };
+
+  // What the group shares within a phase: shared memory on a GPU, the worker thread's own on
+  // the CPU.
   struct Scratch {
     alignas(16) uint8_t request[kRequestBytes + 8];
     alignas(16) uint8_t reply[kGetReplyCapacity];
-    uint8_t histograms[kHistogramBytes];
     uint64_t partial[32];
-    uint32_t state[kBatch];
-    uint32_t person[kBatch];
-    // The leader's word to the group about the current fetch.
-    const std::byte* fetched;
-    uint32_t fetched_bytes;
-    uint32_t fetch_ok;
-    Lookup lookup;
+    Lookup lookup;  // the leader's parse of the reply
   };
 
   CARACAL_HOST_DEVICE static Scratch& scratch() {
@@ -238,129 +246,69 @@ struct FaceVerify {
 #endif
   }
 
-  CARACAL_HOST_DEVICE void operator()(const accel::Request* reqs, accel::Response* resps,
-                                      uint32_t count, accel::Context& ctx) {
-    Scratch& s = scratch();
+  CARACAL_HOST_DEVICE void start(const accel::Request& req, Pending& p, accel::Calls& calls,
+                                 accel::Context& ctx) {
     const accel::Group& g = ctx.group();
-    const uint64_t first_token = calls_ + 1;
-    if (g.leader()) send_gets(reqs, count, ctx, s);
-    g.sync();
-    for (uint32_t i = 0; i < count; ++i) {
-      const uint32_t state = s.state[i];
-      if (state == kBad) {
-        if (g.leader()) {
-          write_reply(resps[i], ReplyStatus::kBadRequest, s.person[i], 0, reason_bad_request());
-        }
-        continue;
-      }
-      accel::group_copy(g, reinterpret_cast<std::byte*>(s.request), reqs[i].data, kRequestBytes);
-      g.sync();
-      // The image's histograms while the fetch is in flight.
-      image_histograms(g, s.request + kRequestHeaderBytes, s.histograms);
-      if (state != kSent) {
-        if (g.leader()) {
-          write_reply(resps[i], ReplyStatus::kStoreUnavailable, s.person[i], 0,
-                      state == kNoClient ? "face: the agent has no client queue for memcached"
-                                         : "face: the client queue to memcached is full");
-        }
-        g.sync();  // the histograms are done with the request before the next copy
-        continue;
-      }
-      if (g.leader()) await_reply(ctx.client(0), first_token + i, s);
-      g.sync();
-      if (s.fetch_ok != 0) {
-        const uint32_t have =
-            s.fetched_bytes < kGetReplyCapacity ? s.fetched_bytes : kGetReplyCapacity;
-        accel::group_copy(g, reinterpret_cast<std::byte*>(s.reply), s.fetched, have);
-        g.sync();
-        if (g.leader()) {
-          ctx.client(0).release_replies();
-          s.lookup = parse_get_reply(reinterpret_cast<const char*>(s.reply), have, s.fetched_bytes);
-        }
-        g.sync();
-      }
-      const Lookup lookup = s.lookup;
-      if (lookup.status != ReplyStatus::kMatch) {
-        if (g.leader()) write_reply(resps[i], lookup.status, s.person[i], 0, lookup.reason);
-        g.sync();  // `lookup` is read before the leader writes it again
-        continue;
-      }
-      compare_reference(g, s.person[i], s.histograms, s.reply + lookup.value_offset,
-                        lookup.value_bytes, s.partial, resps[i]);
-      g.sync();  // scratch is read before the next request overwrites it
+    // Every thread checks the header (the same few bytes), so the branch is uniform.
+    const bool good = well_formed(req.data, req.size);
+    if (g.leader()) {
+      p.person = person_of(req.data, req.size);
+      p.state = good ? send_get(p.person, calls) : kBad;
     }
+    if (!good) return;
+    Scratch& s = scratch();
+    accel::group_copy(g, reinterpret_cast<std::byte*>(s.request), req.data, kRequestBytes);
+    g.sync();
+    image_histograms(g, s.request + kRequestHeaderBytes, p.histograms);
+  }
+
+  CARACAL_HOST_DEVICE void finish(const accel::Request&, Pending& p, const accel::Replies& replies,
+                                  accel::Response& resp, accel::Context& ctx) {
+    const accel::Group& g = ctx.group();
+    if (p.state == kBad) {
+      if (g.leader())
+        write_reply(resp, ReplyStatus::kBadRequest, p.person, 0, reason_bad_request());
+      return;
+    }
+    const accel::CallReply& fetched = replies[0];
+    if (p.state == kNotSent || fetched.status != accel::CallStatus::kOk) {
+      if (g.leader()) {
+        const char* reason = fetched.status == accel::CallStatus::kNoClient
+                                 ? "face: the agent has no client queue for memcached"
+                             : fetched.status == accel::CallStatus::kQueueFull
+                                 ? "face: the client queue to memcached is full"
+                                 : reason_store_failed();
+        write_reply(resp, ReplyStatus::kStoreUnavailable, p.person, 0, reason);
+      }
+      return;
+    }
+    Scratch& s = scratch();
+    const uint32_t have = fetched.length < kGetReplyCapacity ? fetched.length : kGetReplyCapacity;
+    accel::group_copy(g, reinterpret_cast<std::byte*>(s.reply), fetched.data, have);
+    g.sync();
+    if (g.leader()) {
+      s.lookup = parse_get_reply(reinterpret_cast<const char*>(s.reply), have, fetched.length);
+    }
+    g.sync();
+    const Lookup lookup = s.lookup;
+    if (lookup.status != ReplyStatus::kMatch) {
+      if (g.leader()) write_reply(resp, lookup.status, p.person, 0, lookup.reason);
+      return;
+    }
+    compare_reference(g, p.person, p.histograms, s.reply + lookup.value_offset, lookup.value_bytes,
+                      s.partial, resp);
   }
 
  private:
-  // The leader: checks each request's header and sends a `get` for each good one, tokens
-  // first_token, first_token + 1, ... in request order; then makes them visible at once.
-  CARACAL_HOST_DEVICE void send_gets(const accel::Request* reqs, uint32_t count,
-                                     accel::Context& ctx, Scratch& s) {
-    for (uint32_t i = 0; i < count; ++i) {
-      const uint64_t token = ++calls_;
-      s.person[i] = person_of(reqs[i].data, reqs[i].size);
-      if (!well_formed(reqs[i].data, reqs[i].size)) {
-        s.state[i] = kBad;
-        continue;
-      }
-      if (ctx.client_count() == 0) {
-        s.state[i] = kNoClient;
-        continue;
-      }
-      // "get face:<id>\r\n"
-      char command[4 + kMaxKeyBytes + 2];
-      accel::copy_bytes(command, "get ", 4);
-      const uint32_t key_bytes = reference_key(s.person[i], command + 4);
-      command[4 + key_bytes] = '\r';
-      command[5 + key_bytes] = '\n';
-      s.state[i] = ctx.client(0).send(token, command, 6 + key_bytes) ? kSent : kQueueFull;
-    }
-    if (ctx.client_count() != 0) ctx.client(0).flush();
+  // The leader: "get face:<id>\r\n" through client queue 0.
+  CARACAL_HOST_DEVICE static uint32_t send_get(uint32_t person, accel::Calls& calls) {
+    char command[4 + kMaxKeyBytes + 2];
+    accel::copy_bytes(command, "get ", 4);
+    const uint32_t key_bytes = reference_key(person, command + 4);
+    command[4 + key_bytes] = '\r';
+    command[5 + key_bytes] = '\n';
+    return calls.send(0, command, 6 + key_bytes) ? kSent : kNotSent;
   }
-
-  // The leader: waits for the reply with `token` and tells the group where it is (the reply is
-  // released once the group has copied it). Replies of earlier tokens (a call answered after
-  // its handler gave up, by an earlier kernel) are dropped.
-  CARACAL_HOST_DEVICE static void await_reply(accel::ClientChannel& channel, uint64_t token,
-                                              Scratch& s) {
-    s.fetch_ok = 0;
-    uint32_t spins = 0;
-    mqueue::Entry e;
-    for (;;) {
-      const mqueue::PollResult r = channel.next_reply(e);
-      if (r == mqueue::PollResult::kReady) {
-        if (e.token < token) {
-          channel.release_replies();
-          continue;
-        }
-        if (e.token != token) {
-          channel.release_replies();
-          s.lookup = {ReplyStatus::kStoreUnavailable, 0, 0, "face: memcached replies out of order"};
-          return;
-        }
-        if ((e.flags & mqueue::kSlotError) != 0) {
-          channel.release_replies();
-          s.lookup = {ReplyStatus::kStoreUnavailable, 0, 0, reason_store_failed()};
-          return;
-        }
-        s.fetched = e.payload;
-        s.fetched_bytes = e.length;
-        s.fetch_ok = 1;
-        return;
-      }
-      if (r == mqueue::PollResult::kCorrupt) {
-        s.lookup = {ReplyStatus::kStoreUnavailable, 0, 0, "face: the client queue is corrupt"};
-        return;
-      }
-      if (++spins % 4096 == 0 && channel.stop_requested()) {
-        s.lookup = {ReplyStatus::kStoreUnavailable, 0, 0, "face: the agent is stopping"};
-        return;
-      }
-      mqueue::spin_pause(100);
-    }
-  }
-
-  uint64_t calls_ = 0;  // the last token used (the leader's copy counts)
 };
 
 }  // namespace caracal::examples::face

@@ -4,7 +4,8 @@
 # burst with every reply verified, and each failure answered with its error status, never a
 # verdict: a request that is not a face, an id with no reference, a reference damaged in place
 # (bad checksum), a value that is not a reference at all, memcached stopped (the destination's
-# timeout_ms) and memcached killed; and each time the service recovers.
+# timeout_ms) and memcached killed, also under thousands of open calls; and each time the
+# service recovers.
 source "$(dirname "$0")/lib.sh"
 need memcached nc
 FACE_AGENT="$BUILD/examples/face_verify/caracal_face_agent"
@@ -85,6 +86,35 @@ ask store_unavailable --tcp "$TCP" --person 3
 start_memcached
 "$LOADER" --memcached "127.0.0.1:$MC_PORT" --persons 50 >/dev/null || fail "the reload failed"
 ask verdict --tcp "$TCP" --person 3
+# Thousands of calls open at once (the handler is overlapped: 4 connections of 32 requests in
+# flight over 2 queues), memcached killed in the middle and started again: every request gets
+# its right verdict or an outage's status (store_unavailable; unknown_person until the reload
+# is done), none a wrong one, and verdicts come back.
+"$LOADGEN" --port "${TCP#*:}" --proto tcp --handler face --size 4104 --face-persons 50 \
+  --connections 4 --window 32 --threads 1 --warmup 0 --duration 4 --timeout-ms 3000 \
+  --face-store-outage --timeline-ms 500 \
+  --json "$WORK/loadgen-kill.json" >"$WORK/loadgen-kill.log" 2>&1 &
+LOADGEN_PID=$!
+sleep 1.2
+kill -KILL "$MC_PID"
+wait "$MC_PID" 2>/dev/null || true
+sleep 0.8
+start_memcached
+"$LOADER" --memcached "127.0.0.1:$MC_PORT" --persons 50 >/dev/null || fail "the second reload failed"
+wait "$LOADGEN_PID" ||
+  { cat "$WORK/loadgen-kill.log"; fail "loadgen across a memcached restart saw a wrong reply"; }
+python3 - "$WORK/loadgen-kill.json" <<'PY' || fail "the run across the restart did not recover"
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = r["counts"]
+print("across the memcached restart:", c["replies"], "verdicts,", c["error_replies"],
+      "outage replies", r["error_reasons"], c["wrong"], "wrong")
+assert c["wrong"] == 0 and c["unaccounted"] == 0, c
+assert c["replies"] >= 1000 and c["error_replies"] >= 1, c
+# Verdicts before the kill and in the last second, after the restart.
+tl = r["timeline"]["replies"]
+assert tl[0] > 0 and sum(tl[-2:]) > 0, tl
+PY
 if command -v curl >/dev/null; then
   [ "$(metric 'caracal_destination_failures_total')" -ge 3 ] || fail "the failed calls were not counted"
 fi

@@ -74,6 +74,14 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
                });
   }
 
+  // refuse_and_close() on the session's own executor (from another session's).
+  void refuse_later(Refusal why, std::string message) {
+    asio::post(conn_->socket().get_executor(),
+               [self = shared_from_this(), why, m = std::move(message)] {
+                 if (!self->closed_) self->refuse_and_close(why, "", m);
+               });
+  }
+
   const std::string& agent() const { return hello_.agent; }
 
  private:
@@ -168,7 +176,14 @@ class ControlSession : public std::enable_shared_from_this<ControlSession> {
                          "agent '" + hello.agent + "' with this epoch is already registered");
         return false;
       }
-      previous->lose_later("replaced by a new registration of the agent with a new epoch");
+      // A new epoch: the agent restarted, or a second agent has the same name. The old session
+      // is refused rather than dropped, so that a live agent learns why and stops (two agents
+      // of one name would otherwise replace each other on every reconnection).
+      previous->refuse_later(
+          Refusal::kReplaced,
+          "agent '" + hello.agent + "' was registered again from " + peer_.to_string() +
+              " (epoch " + fmt::format("{:016x}", hello.epoch) +
+              "): this registration is replaced; is a second agent running with this name?");
     }
     spdlog::info("{}: agent '{}' registered (epoch {:016x}, accelerator {})", origin_, hello.agent,
                  hello.epoch, hello.accelerator.empty() ? "?" : hello.accelerator);
@@ -528,10 +543,11 @@ ControlEndpoint::ControlEndpoint(asio::io_context& io, const ServerConfig& confi
 
 const char* refusal_name(Refusal r) {
   static constexpr const char* kNames[] = {
-      "wrong_secret",     "malformed",           "protocol_version", "not_hello",
-      "duplicate_agent",  "unexpected_message",  "unknown_service",  "already_served",
-      "rdma_unavailable", "unknown_destination", "region_size",      "region_unreachable",
-      "bad_region",       "epoch_mismatch",      "client_queues",    "service_refused"};
+      "wrong_secret",       "malformed",        "protocol_version",    "not_hello",
+      "duplicate_agent",    "replaced",         "unexpected_message",  "unknown_service",
+      "already_served",     "rdma_unavailable", "unknown_destination", "region_size",
+      "region_unreachable", "bad_region",       "epoch_mismatch",      "client_queues",
+      "service_refused"};
   static_assert(std::size(kNames) == static_cast<size_t>(Refusal::kCount));
   return kNames[static_cast<size_t>(r)];
 }

@@ -50,6 +50,7 @@ enum class Refusal : uint8_t {
   kProtocolVersion,    // a hello of a protocol version this server does not speak
   kNotHello,           // a first message other than hello
   kDuplicateAgent,     // the name and epoch of a live registration
+  kReplaced,           // a live registration, replaced by one of its name with a new epoch
   kUnexpectedMessage,  // after hello, a message an agent does not send
   kUnknownService,
   kAlreadyServed,       // this agent already serves the service

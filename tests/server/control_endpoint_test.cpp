@@ -145,7 +145,7 @@ class ControlEndpointTest : public ::testing::Test {
 TEST_F(ControlEndpointTest, EveryRefusalOfAHelloIsCountedUnderItsReason) {
   start(", auth_failures: 0");  // no throttling here: every try is examined
   for (const char* reason :
-       {"wrong_secret", "malformed", "protocol_version", "not_hello", "duplicate_agent",
+       {"wrong_secret", "malformed", "protocol_version", "not_hello", "duplicate_agent", "replaced",
         "unexpected_message", "unknown_service", "region_size", "bad_region"}) {
     EXPECT_EQ(refusals(reason), 0u) << reason << ": every series exists from the start";
     EXPECT_NE(server_->metrics().render().find(std::string("reason=\"") + reason + "\""),
@@ -192,6 +192,30 @@ TEST_F(ControlEndpointTest, EveryRefusalOfAHelloIsCountedUnderItsReason) {
   ASSERT_TRUE(r && std::holds_alternative<control::Refused>(*r));
   EXPECT_EQ(refusals("unexpected_message"), 1u);
   EXPECT_EQ(metric("caracal_control_throttled_total"), 0u);
+}
+
+// A second registration of a live agent's name with a new epoch (a restart, or a second agent
+// with the same name) takes the name; the first is told why and closed, so that two agents of
+// one name do not replace each other on every reconnection.
+TEST_F(ControlEndpointTest, ANewEpochOfALiveNameRefusesTheOldRegistrationWithTheReason) {
+  start();
+  Peer first(port_);
+  first.send(hello(kSecret, 1, "face-1"));
+  std::optional<control::Message> w = first.next();
+  ASSERT_TRUE(w && std::holds_alternative<control::Welcome>(*w));
+  Peer second(port_, "127.0.0.3");
+  second.send(hello(kSecret, 2, "face-1"));
+  w = second.next();
+  ASSERT_TRUE(w && std::holds_alternative<control::Welcome>(*w));
+  std::optional<control::Message> r = first.next();
+  ASSERT_TRUE(r && std::holds_alternative<control::Refused>(*r));
+  const control::Refused& refused = std::get<control::Refused>(*r);
+  EXPECT_THAT(refused.message, HasSubstr("'face-1' was registered again from 127.0.0.3"));
+  EXPECT_THAT(refused.message, HasSubstr("second agent running with this name"));
+  EXPECT_TRUE(first.closed_by_server());
+  EXPECT_EQ(refusals("replaced"), 1u);
+  // The new registration holds the name: its epoch again is a duplicate.
+  EXPECT_THAT(refused_first(hello(kSecret, 2, "face-1")).message, HasSubstr("already registered"));
 }
 
 // auth_failures: 3 failed hellos from 127.0.0.2, penalties from 300 ms doubling to 1.2 s.

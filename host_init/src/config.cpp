@@ -1,5 +1,6 @@
 #include "caracal/agent/config.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <optional>
@@ -229,6 +230,31 @@ std::vector<std::string> ServiceConfig::destinations() const {
   std::vector<std::string> out;
   for (const ClientQueueConfig& c : client_queues)
     out.push_back(c.destination);
+  return out;
+}
+
+std::vector<std::string> configuration_warnings(const AgentConfig& config, AcceleratorKind kind) {
+  std::vector<std::string> out;
+  for (const ServiceConfig& s : config.services) {
+    const uint32_t clients = static_cast<uint32_t>(s.client_queues.size());
+    if (clients == 0) continue;
+    // Worker w owns server queues and client queues whose index is w modulo the workers; the
+    // GPU's default (0) is one worker per server queue, no more than the client queues.
+    uint32_t workers = config.cpu.workers;
+    const char* what = "CPU worker";
+    if (kind == AcceleratorKind::kGpu) {
+      workers = config.gpu.workers != 0 ? config.gpu.workers : std::min(s.queues, clients);
+      what = "GPU worker";
+    }
+    const uint32_t serving = std::min(workers, s.queues);  // workers that own a server queue
+    if (serving <= clients) continue;
+    out.push_back("service '" + s.name + "': " + std::to_string(serving) + " " + what +
+                  "s serve its " + std::to_string(s.queues) + " queue(s) but it has " +
+                  std::to_string(clients) + " client queue(s): worker(s) " +
+                  std::to_string(clients) + " to " + std::to_string(serving - 1) +
+                  " own none, and their handlers' calls fail; give the service " +
+                  std::to_string(serving) + " client queues, or fewer workers");
+  }
   return out;
 }
 

@@ -287,6 +287,7 @@ struct AgentRuntime::Impl {
     return handlers.empty() ? backends : handlers[index].backends;
   }
   Status set_up_services();
+  void wait_for_signal();
   void tear_down_services();
   Status start_service(size_t index, uint64_t epoch, Session& session);
   Status start_in_device_memory(size_t index, uint64_t epoch, ServedRegion& served);
@@ -643,16 +644,28 @@ Outcome AgentRuntime::Impl::serve(ServerLink& conn) {
   }
 }
 
+void AgentRuntime::Impl::wait_for_signal() {
+  signals->async_wait([this](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    if (sig == SIGHUP) {
+      spdlog::warn(
+          "received SIGHUP: an agent does not reload its configuration; restart it to apply a "
+          "change (systemctl restart caracal-agent@NAME)");
+      wait_for_signal();
+      return;
+    }
+    spdlog::info("received {}; stopping", signal_name(sig));
+    stop_requested = true;
+  });
+}
+
 Status AgentRuntime::Impl::run() {
   // Signals first: setting up a GPU takes a moment, and a SIGINT meanwhile must stop the agent
   // cleanly rather than kill it.
+  // SIGHUP, which reloads the server, must not end an agent: it is said and ignored.
   if (options.handle_signals) {
-    signals.emplace(io, SIGINT, SIGTERM);
-    signals->async_wait([this](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      spdlog::info("received {}; stopping", signal_name(sig));
-      stop_requested = true;
-    });
+    signals.emplace(io, SIGINT, SIGTERM, SIGHUP);
+    wait_for_signal();
   }
   Result<AcceleratorChoice> choice = resolve_accelerator(config.accelerator, backends);
   if (!choice.ok()) return choice.status();
@@ -674,6 +687,8 @@ Status AgentRuntime::Impl::run() {
       : config.rdma.region_memory == RegionMemory::kGpu ? "rdma (regions in GPU memory)"
                                                         : "rdma",
       config.server.str());
+  for (const std::string& w : configuration_warnings(config, accelerator.kind))
+    spdlog::warn("{}", w);
   // The handlers' state, before anything is registered: a setup that fails leaves the server
   // untouched.
   if (Status st = set_up_services(); !st.ok()) {

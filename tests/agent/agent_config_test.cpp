@@ -128,6 +128,34 @@ services: [{ name: echo, max_message_bytes: 100 }]
   EXPECT_EQ(choice->str(), "cpu");
 }
 
+// Workers that own server queues but no client queue are named, on either accelerator.
+TEST(AgentConfig, WorkersWithoutAClientQueueAreWarnedAbout) {
+  const auto config = [](const std::string& cpu, const std::string& clients) {
+    return parse("agent: a\nserver: 127.0.0.1:7100\nsecret: 0123456789abcdef\n" + cpu +
+                 "services:\n  - { name: face, queues: 4, max_message_bytes: 100, "
+                 "client_queues: [" +
+                 clients + "] }\n");
+  };
+  const std::string one = "{ destination: memcached }";
+  const std::string two = one + ", " + one;
+  std::vector<std::string> w =
+      configuration_warnings(config("cpu: { workers: 2 }\n", one), AcceleratorKind::kCpu);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0],
+            "service 'face': 2 CPU workers serve its 4 queue(s) but it has 1 client queue(s): "
+            "worker(s) 1 to 1 own none, and their handlers' calls fail; give the service 2 "
+            "client queues, or fewer workers");
+  EXPECT_TRUE(
+      configuration_warnings(config("cpu: { workers: 2 }\n", two), AcceleratorKind::kCpu).empty());
+  // One worker, or no client queues at all: nothing to say.
+  EXPECT_TRUE(configuration_warnings(config("", one), AcceleratorKind::kCpu).empty());
+  // The GPU's default workers follow the client queues; explicit ones may not.
+  EXPECT_TRUE(configuration_warnings(config("", one), AcceleratorKind::kGpu).empty());
+  w = configuration_warnings(config("gpu: { workers: 8 }\n", two), AcceleratorKind::kGpu);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("4 GPU workers serve its 4 queue(s) but it has 2"), std::string::npos);
+}
+
 TEST(AgentConfig, WrongAcceleratorIsRefusedAtItsLine) {
   expect_error(with("accelerator: cpu", "accelerator: tpu"), "4:14",
                {"accelerator", "'tpu' is not one of: auto, cpu, gpu:N"});

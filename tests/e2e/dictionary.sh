@@ -97,11 +97,20 @@ out=$(ask "${words[@]}")
   fail "pipelined lookups gave: $out"
 echo "83 lookups answered from the shared table"
 
-# SIGTERM: the teardown reads the counters every worker added to.
+# SIGHUP (what reloads the server) is said and ignored: the agent goes on serving.
 # shellcheck disable=SC2154 # start_agent (lib.sh) sets AGENT_PID_<name> through eval
+kill -HUP "$AGENT_PID_dict_1"
+for _ in $(seq 50); do grep -q "received SIGHUP" "$WORK/dict-1.log" && break; sleep 0.1; done
+grep -q "received SIGHUP: an agent does not reload" "$WORK/dict-1.log" || fail "SIGHUP not logged"
+kill -0 "$AGENT_PID_dict_1" || fail "the agent died on SIGHUP"
+out=$(ask lynx)
+[ "$out" = "a northern cat" ] || fail "after SIGHUP a lookup gave '$out'"
+echo "SIGHUP: logged, still serving"
+
+# SIGTERM: the teardown reads the counters every worker added to.
 kill -TERM "$AGENT_PID_dict_1"
 wait "$AGENT_PID_dict_1" || fail "the agent exited $? on SIGTERM"
-grep -q "dictionary 'dictionary': 83 lookups, 1 not found" "$WORK/dict-1.log" ||
+grep -q "dictionary 'dictionary': 84 lookups, 1 not found" "$WORK/dict-1.log" ||
   fail "no teardown report: $(cat "$WORK/dict-1.log")"
 echo "teardown: counters read back"
 echo PASS

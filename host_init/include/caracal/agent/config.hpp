@@ -133,6 +133,11 @@ using AcceleratorCheck = std::function<Status(const AcceleratorSetting&)>;
 AgentConfig parse_agent_config(const config::Field& root, const AcceleratorCheck& check = {});
 AgentConfig load_agent_config(const std::string& path, const AcceleratorCheck& check = {});
 
+// What the configuration allows but will not serve as meant, on `accelerator` (cpu or gpu), one
+// line each for the log: workers that own a service's server queues but none of its client
+// queues (their handlers' calls fail with kNoClient).
+std::vector<std::string> configuration_warnings(const AgentConfig& config, AcceleratorKind kind);
+
 // Agent, service and destination names: what the control protocol accepts, so that they go
 // into logs, metric labels and shm names as they are.
 bool is_valid_name(std::string_view name);

@@ -220,11 +220,11 @@ struct FaceVerify {
   enum : uint32_t { kSent = 0, kBad = 1, kNotSent = 2 };
 
   // Kept for a request between its phases (device memory on a GPU). The leader writes person
-  // and state; each thread its own cells' histograms, which it alone reads again.
+  // and state, the group the histograms (read in finish() after the runtime's barrier).
   struct Pending {
     uint32_t person;
     uint32_t state;
-    uint8_t histograms[kHistogramBytes];
+    alignas(16) uint8_t histograms[kHistogramBytes];
   };
 
   // What the group shares within a phase: shared memory on a GPU, the worker thread's own on
@@ -232,6 +232,7 @@ struct FaceVerify {
   struct Scratch {
     alignas(16) uint8_t request[kRequestBytes + 8];
     alignas(16) uint8_t reply[kGetReplyCapacity];
+    alignas(16) uint8_t histograms[kHistogramBytes];
     uint64_t partial[32];
     Lookup lookup;  // the leader's parse of the reply
   };
@@ -259,7 +260,11 @@ struct FaceVerify {
     Scratch& s = scratch();
     accel::group_copy(g, reinterpret_cast<std::byte*>(s.request), req.data, kRequestBytes);
     g.sync();
-    image_histograms(g, s.request + kRequestHeaderBytes, p.histograms);
+    // Counted in shared memory (a bin is incremented once a pixel), then kept in Pending.
+    image_histograms(g, s.request + kRequestHeaderBytes, s.histograms);
+    g.sync();
+    accel::group_copy(g, reinterpret_cast<std::byte*>(p.histograms),
+                      reinterpret_cast<const std::byte*>(s.histograms), kHistogramBytes);
   }
 
   CARACAL_HOST_DEVICE void finish(const accel::Request&, Pending& p, const accel::Replies& replies,

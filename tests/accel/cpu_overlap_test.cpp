@@ -70,13 +70,19 @@ std::string answer_for(const std::string& call) {
   return std::string(call.rbegin(), call.rend());
 }
 
+// Requests "r0", "r1", ... on queue 0.
+std::vector<std::vector<PendingRequest>> numbered_requests(uint32_t n) {
+  std::vector<std::vector<PendingRequest>> requests(1);
+  for (uint32_t i = 0; i < n; ++i)
+    requests[0].push_back(
+        PendingRequest{to_bytes(cat("r", std::to_string(i))), request_token(0, i)});
+  return requests;
+}
+
 TEST(OverlapTest, AWorkerKeepsManyRequestsOpenAndFinishesThemAsRepliesLand) {
   constexpr uint32_t kRequests = 200;
   SnicDriver snic(overlap_geometry(1, 1));
-  std::vector<std::vector<PendingRequest>> requests(1);
-  for (uint32_t i = 0; i < kRequests; ++i)
-    requests[0].push_back(
-        PendingRequest{to_bytes(cat("r", std::to_string(i))), request_token(0, i)});
+  const std::vector<std::vector<PendingRequest>> requests = numbered_requests(kRequests);
   CpuAccelerator<Relay> acc(snic.region(), Relay{}, workers_options(1));
   ASSERT_TRUE(acc.start().ok());
 
@@ -249,10 +255,7 @@ TEST(OverlapTest, ThousandsOfCallsAnsweredInAnyOrderEachGetTheirReply) {
 TEST(OverlapTest, RequestsOpenAtAStopAreServedAgainAfterTheRestart) {
   constexpr uint32_t kRequests = 6;
   SnicDriver snic(overlap_geometry(1, 1));
-  std::vector<std::vector<PendingRequest>> requests(1);
-  for (uint32_t i = 0; i < kRequests; ++i)
-    requests[0].push_back(
-        PendingRequest{to_bytes(cat("r", std::to_string(i))), request_token(0, i)});
+  const std::vector<std::vector<PendingRequest>> requests = numbered_requests(kRequests);
   CpuAccelerator<Relay> acc(snic.region(), Relay{}, workers_options(1));
   ASSERT_TRUE(acc.start().ok());
   for (const PendingRequest& r : requests[0])

@@ -1,3 +1,5 @@
+#!/usr/bin/env bash
+# Run on the GPU machine from the tree's root (the device tool's $OUT collects the logs).
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 S=$SECONDS

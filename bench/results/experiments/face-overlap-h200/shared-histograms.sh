@@ -1,3 +1,5 @@
+#!/usr/bin/env bash
+# Run on the GPU machine from the tree's root (the device tool's $OUT collects the logs).
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 S=$SECONDS
@@ -6,7 +8,7 @@ echo "built at $((SECONDS-S)) s"
 run() {  # NAME ENV...
   local n=$1; shift
   mkdir -p /tmp/$n
-  env "$@" HANDLERS=face SERVERS=caracal OPEN_SIZES= PROTOS=udp CARACAL_COMMIT=local timeout 150 bench/compare/run.sh compare build-gpu /tmp/$n > $OUT/$n.log 2>&1
+  env "$@" HANDLERS=face SERVERS=caracal OPEN_SIZES='' PROTOS=udp CARACAL_COMMIT=local timeout 150 bench/compare/run.sh compare build-gpu /tmp/$n > $OUT/$n.log 2>&1
   echo "$n: $(grep saturation: $OUT/$n.log | sed 's/.*window=[0-9]*: //; s/; sent.*\[/ [/')"
 }
 run q8-shared AGENT_QUEUES=8

@@ -124,9 +124,20 @@ CARACAL_INLINE void store_u64(void* p, uint64_t v) {
 }
 
 CARACAL_INLINE uint32_t popcount8(uint32_t v) {
-  v = v - ((v >> 1) & 0x55u);
-  v = (v & 0x33u) + ((v >> 2) & 0x33u);
-  return (v + (v >> 4)) & 0x0Fu;
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint32_t>(__popc(v & 0xFFu));
+#else
+  return static_cast<uint32_t>(__builtin_popcount(v & 0xFFu));
+#endif
+}
+
+// The index of the lowest set bit of `v` (not 0).
+CARACAL_INLINE uint32_t lowest_bit(uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint32_t>(__ffs(static_cast<int>(v)) - 1);
+#else
+  return static_cast<uint32_t>(__builtin_ctz(v));
+#endif
 }
 
 // The bin of an 8-bit pattern: 0 for 0x00; 1 + (ones - 1) * 8 + start for a single run of
@@ -138,10 +149,7 @@ CARACAL_INLINE uint32_t uniform_bin(uint32_t code) {
   const uint32_t rotated = ((code << 1) | (code >> 7)) & 0xFFu;  // bit i: code's bit i - 1
   if (popcount8(code ^ rotated) > 2) return 58;
   const uint32_t start_mask = code & ~rotated & 0xFFu;  // the set bit after a clear one
-  uint32_t start = 0;
-  while (((start_mask >> start) & 1u) == 0)
-    ++start;
-  return 1 + (popcount8(code) - 1) * 8 + start;
+  return 1 + (popcount8(code) - 1) * 8 + lowest_bit(start_mask);
 }
 
 // Bit k of an LBP code: whether neighbour k is at least the centre.
@@ -177,14 +185,19 @@ CARACAL_INLINE void cell_histogram(const uint8_t* image, uint32_t cell, uint8_t*
   }
 }
 
-// One cell's share of the distance, in units of 2^-16.
+// One cell's share of the distance, in units of 2^-16. A cell has kCellSide^2 = 64 pixels, so a
+// bin's count is at most 64 and d^2 << 16 at most 2^28: the division is 32-bit (on a GPU a
+// 64-bit one is emulated, several times the instructions).
+static_assert(uint64_t{kCellSide} * kCellSide * kCellSide * kCellSide << 16 < (uint64_t{1} << 32));
 CARACAL_INLINE uint64_t cell_chi_square(const uint8_t* a, const uint8_t* b) {
-  uint64_t sum = 0;
+  // A term is at most |d| << 16 (|d| <= total), and the |d| of a cell's bins add up to at most
+  // 128 (each histogram's counts add up to 64): the sum is below 2^24.
+  uint32_t sum = 0;
   for (uint32_t i = 0; i < kBins; ++i) {
     const uint32_t total = uint32_t{a[i]} + b[i];
     if (total == 0) continue;
     const int32_t d = static_cast<int32_t>(a[i]) - static_cast<int32_t>(b[i]);
-    sum += (uint64_t{static_cast<uint32_t>(d * d)} << 16) / total;
+    sum += (static_cast<uint32_t>(d * d) << 16) / total;
   }
   return sum;
 }

@@ -40,7 +40,7 @@ stop_all() {
   PIDS=()
 }
 trap 'stop_all; rm -rf "$WORK"' EXIT
-SECRET="alloc-bench-$$"
+SECRET="alloc-bench-secret-$$"  # at least 16 characters, whatever the pid
 
 # start SERVER: starts it with the counter preloaded; sets UDP and TCP (the ports) and COUNTS
 # (its counter file).

@@ -14,6 +14,12 @@
 //  - `static constexpr Granularity kGranularity`: who runs one call together: a thread (the
 //    default), a warp or a block. A call made by a group sees the group in ctx.group() and
 //    splits its work by rank; on the CPU every group is one host thread (size 1).
+//    Every thread of the group may write the response's bytes (each its own); only the leader's
+//    `size` and `flags` count (set them in the leader). The group's threads share no memory
+//    the runtime gives them: a warp or block that needs some declares it (__shared__ on a GPU,
+//    thread_local on the CPU, as examples/face_verify does), and warps of one block that are
+//    separate workers (warp granularity) must index such memory by their warp (threadIdx.x / 32)
+//    and sync with __syncwarp only: __syncthreads would wait for workers that are not there.
 //  - `static constexpr uint32_t kBatch`: more than 1 makes it a batched handler, called with up
 //    to kBatch requests of one queue at once:
 //      void operator()(const Request* reqs, Response* resps, uint32_t count, Context& ctx);

@@ -36,7 +36,9 @@ if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
 
   # Every library is instrumented (the fuzzers see the code they drive) and built for that: -O1 and
   # line tables, what libFuzzer's documentation advises and what stack traces need. The optional
-  # parts the targets do not drive stay out; DPDK stays AUTO for its frame parser.
+  # parts the targets do not drive stay out; DPDK stays AUTO for its frame parser. Without the
+  # tests, the targets link slices of the libraries: only the sources they link are compiled
+  # (tests/fuzz/CMakeLists.txt, caracal_fuzz_slice).
   cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DCARACAL_BUILD_FUZZERS=ON -DCARACAL_SANITIZE= \
     -DCARACAL_BUILD_TESTS=OFF -DCARACAL_BUILD_BENCH=OFF -DCARACAL_WITH_CUDA=OFF \

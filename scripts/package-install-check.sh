@@ -102,7 +102,10 @@ in_root env CARACAL_SDK_PREFIX=/usr bash /tmp/src/tests/e2e/sdk.sh /tmp/sdk-buil
   >"$ROOT/tmp/e2e-sdk.log" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { tail -30 "$ROOT/tmp/e2e-sdk.log"; fail "a handler project against the installed caracal-dev: sdk.sh exited $rc"; }
 
-# The end-to-end scripts, run with the installed programs in place of a build tree's.
+# The end-to-end scripts, run with the installed programs in place of a build tree's. The tests
+# ran them at full load against the build's programs; here a quarter of it (as in the sanitizer
+# runs) shows the installed ones serving.
+export CARACAL_E2E_LOAD_PERCENT=${CARACAL_E2E_LOAD_PERCENT:-25}
 ran=(sdk)
 if [ -x "$CLIENTS/tests/e2e/caracal_pipeline_client" ]; then
   T=$ROOT/tmp/as-built

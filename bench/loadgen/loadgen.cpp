@@ -511,6 +511,17 @@ void Conn::pump() {
     next_intended_ += interval_;
   }
   if (next_intended_ >= plan_.measure_end || runner_.stopping) {
+    // Nothing more to send. The last reply can come before the window ends, when the run is
+    // not done yet; then the window's end is when to look again (otherwise only the stop
+    // timer, the timeout after it, would end a run with nothing in flight).
+    if (!runner_.stopping && now < plan_.measure_end && !pace_armed_) {
+      pace_armed_ = true;
+      pace_.expires_at(plan_.measure_end);
+      pace_.async_wait([this](boost::system::error_code ec) {
+        pace_armed_ = false;
+        if (!ec && !closed_) runner_.maybe_done();
+      });
+    }
     runner_.maybe_done();
     return;
   }

@@ -17,8 +17,8 @@
 # machines (the emulated VM).
 #
 # CARACAL_E2E_LOAD_PERCENT (environment, default 100) scales the requests per connection of the
-# load runs that only need volume; the sanitizer CI runs set it lower, as they set
-# CARACAL_STRESS_MESSAGES for the stress tests.
+# load runs that only need volume (and the seconds of sockperf.sh's runs); the sanitizer CI runs
+# set it lower, as they set CARACAL_STRESS_MESSAGES for the stress tests.
 set -euo pipefail
 
 BUILD=${1:?build directory}

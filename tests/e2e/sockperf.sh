@@ -5,6 +5,9 @@
 # own.
 source "$(dirname "$0")/lib.sh"
 need sockperf curl
+# Each run's seconds: 3, scaled like the load runs' requests (CARACAL_E2E_LOAD_PERCENT: 1 s for
+# the sanitized and the emulated runs), at least 1. sockperf itself adds 2 s to each run.
+SECS=$(load 3)
 
 start_server "io_threads: 2
 engine_threads: 0
@@ -22,18 +25,18 @@ start_agent echo-1 "$ECHO_AGENT" "  - { name: echo, queues: 2, ring_capacity: 25
 UDP=$(port_of "udp/127.0.0.1:0")
 TCP=$(port_of "tcp/127.0.0.1:0")
 
-sockperf ping-pong -i 127.0.0.1 -p "$UDP" -m 64 -t 3 >"$WORK/pp-udp.out" 2>&1 || fail "sockperf UDP ping-pong exited $?"
+sockperf ping-pong -i 127.0.0.1 -p "$UDP" -m 64 -t "$SECS" >"$WORK/pp-udp.out" 2>&1 || fail "sockperf UDP ping-pong exited $?"
 pingpong_ok "$WORK/pp-udp.out" "UDP ping-pong"
-sockperf ping-pong --tcp -i 127.0.0.1 -p "$TCP" -m 64 -t 3 >"$WORK/pp-tcp.out" 2>&1 || fail "sockperf TCP ping-pong exited $?"
+sockperf ping-pong --tcp -i 127.0.0.1 -p "$TCP" -m 64 -t "$SECS" >"$WORK/pp-tcp.out" 2>&1 || fail "sockperf TCP ping-pong exited $?"
 pingpong_ok "$WORK/pp-tcp.out" "TCP ping-pong"
 
 # Throughput: sockperf asks for no replies, so the handler sends none; every message must
 # reach the server (TCP) and the service must report no errors.
 before=$(metric 'caracal_service_requests_total')
-sockperf throughput --tcp -i 127.0.0.1 -p "$TCP" -m 64 -t 3 >"$WORK/tp-tcp.out" 2>&1 || fail "sockperf TCP throughput exited $?"
+sockperf throughput --tcp -i 127.0.0.1 -p "$TCP" -m 64 -t "$SECS" >"$WORK/tp-tcp.out" 2>&1 || fail "sockperf TCP throughput exited $?"
 grep -E "Summary: Message Rate" "$WORK/tp-tcp.out" | sed 's/^/TCP throughput: /'
 sent=$(sed -nE "s/.*Total of ([0-9]+) messages sent.*/\1/p" "$WORK/tp-tcp.out" | tail -1)
-sockperf throughput -i 127.0.0.1 -p "$UDP" -m 64 -t 3 >"$WORK/tp-udp.out" 2>&1 || fail "sockperf UDP throughput exited $?"
+sockperf throughput -i 127.0.0.1 -p "$UDP" -m 64 -t "$SECS" >"$WORK/tp-udp.out" 2>&1 || fail "sockperf UDP throughput exited $?"
 grep -E "Summary: Message Rate" "$WORK/tp-udp.out" | sed 's/^/UDP throughput: /'
 # The server may still be reading what sockperf sent (a slow machine, the emulated VM): wait
 # until the count stops short of it for good (5 s, scaled by CARACAL_E2E_TIME_SCALE).

@@ -27,37 +27,9 @@ enum class CallStatus : uint8_t {
   kReplyTooLarge,  // the reply did not fit the caller's buffer (truncated copy)
   kRemoteError,    // the SmartNIC answered with an error (destination down, timeout, ...)
   // Calls of an overlapped handler (overlap.hpp) that did not go out:
-  kNoClient,      // no client queue of that index
-  kQueueFull,     // the client queue had no room
-  kTooManyCalls,  // the request had made kMaxCalls calls already
+  kNoClient,   // no client queue of that index
+  kQueueFull,  // the client queue had no room
 };
-
-// What a status means, for logs and error replies.
-CARACAL_INLINE constexpr const char* call_status_name(CallStatus s) {
-  switch (s) {
-    case CallStatus::kOk:
-      return "ok";
-    case CallStatus::kTooLarge:
-      return "request too large for the client queue";
-    case CallStatus::kStopped:
-      return "the agent is stopping";
-    case CallStatus::kCorrupt:
-      return "the client queue is corrupt";
-    case CallStatus::kTokenMismatch:
-      return "a reply for another call";
-    case CallStatus::kReplyTooLarge:
-      return "reply too large";
-    case CallStatus::kRemoteError:
-      return "the destination failed or did not answer in time";
-    case CallStatus::kNoClient:
-      return "no such client queue";
-    case CallStatus::kQueueFull:
-      return "the client queue is full";
-    case CallStatus::kTooManyCalls:
-      return "more calls than the handler's kMaxCalls";
-  }
-  return "unknown call status";
-}
 
 struct CallResult {
   CallStatus status = CallStatus::kOk;
@@ -114,7 +86,7 @@ class ClientChannel {
   CARACAL_INLINE void release_replies_to(const mqueue::ReadMark& m) { replies_.release_to(m); }
   CARACAL_INLINE void release_all_replies() { replies_.release(); }
   CARACAL_INLINE void publish_replies_after_fence() { replies_.publish_after_fence(); }
-  // The request side's room check, for a sender that wants to know before it takes work.
+  // The largest request the channel carries (what send() refuses above).
   CARACAL_INLINE uint32_t max_message_bytes() const {
     return requests_.geometry().max_message_bytes;
   }

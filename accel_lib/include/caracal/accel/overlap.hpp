@@ -33,7 +33,8 @@
 // configuration), an error reply (kRemoteError): the runtime keeps no clock of its own and
 // relies on the server for that. A call that timed out may still have been carried out by
 // the destination (at-least-once). A call that could not go out (no such client queue, the
-// queue full, more than kMaxCalls) gets its status at once and nothing waits for it.
+// queue full, too large) gets its status at once and nothing waits for it; a send() past
+// kMaxCalls returns false and is not a call at all.
 //
 // Groups. Both phases run on every thread of the worker's group, as a call operator does
 // (handler.hpp); only the leader sends, and `Pending` is shared by the group: on a GPU it is in

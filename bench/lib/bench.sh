@@ -345,7 +345,12 @@ start_memcached() {
 # face_destinations HANDLER: snic_server's `destinations:` block, the memcached of
 # start_memcached (MC_PORT) with FACE_TIMEOUT_MS;
 # client_queues HANDLER: the tail of the agent's service mapping, one client queue per queue
-# (AGENT_QUEUES), so that each worker or block calls memcached on its own.
+# (count: per_queue, whatever AGENT_QUEUES is), so that each worker or block calls memcached on
+# its own.
+# json_word VALUE: VALUE as a JSON number when it is one, else as a string ("auto").
+json_word() {
+  if [[ "$1" =~ ^[0-9]+$ ]]; then echo "$1"; else echo "\"$1\""; fi
+}
 face_destinations() {
   [ "$1" = face ] || return 0
   echo "destinations:
@@ -353,7 +358,5 @@ face_destinations() {
 }
 client_queues() {
   [ "$1" = face ] || return 0
-  local _ out=""
-  for _ in $(seq "$AGENT_QUEUES"); do out="$out${out:+, }{ destination: memcached }"; done
-  echo ", client_queues: [ $out ]"
+  echo ", client_queues: [ { destination: memcached, count: per_queue } ]"
 }

@@ -162,25 +162,38 @@ ServiceConfig parse_service(const Field& f) {
   ServiceConfig s;
   s.entry = f;
   s.name = name_of(f.required("name"), "service");
-  if (auto v = f.optional("queues")) {
-    s.queues = static_cast<uint32_t>(v->as_uint(1, mqueue::kMaxQueues));
-  }
-  if (auto v = f.optional("ring_capacity")) {
-    s.ring_capacity = power_of_two(*v, mqueue::kMinRingCapacity, mqueue::kMaxRingCapacity);
-  }
+  const auto is_auto = [](const std::optional<Field>& v) { return !v || v->as_string() == "auto"; };
+  const std::optional<Field> queues = f.optional("queues");
+  s.queues_auto = is_auto(queues);
+  // Until size_services knows the accelerator, an automatic count is one queue.
+  s.queues = s.queues_auto ? 1 : static_cast<uint32_t>(queues->as_uint(1, mqueue::kMaxQueues));
   if (auto v = f.optional("slot_bytes")) {
     s.slot_bytes = power_of_two(*v, mqueue::kMinSlotBytes, mqueue::kMaxSlotBytes);
   }
   const Field max = f.required("max_message_bytes");
   s.max_message_bytes = static_cast<uint32_t>(max.as_uint(1, UINT32_MAX));
+  const std::optional<Field> ring = f.optional("ring_capacity");
+  s.ring_auto = is_auto(ring);
+  s.ring_capacity = s.ring_auto
+                        ? auto_ring_capacity(s.max_message_bytes, s.slot_bytes)
+                        : power_of_two(*ring, mqueue::kMinRingCapacity, mqueue::kMaxRingCapacity);
   if (auto v = f.optional("rx_lines")) s.rx_lines = lines_setting(*v);
   if (auto v = f.optional("tx_lines")) s.tx_lines = lines_setting(*v);
   if (auto cq = f.optional("client_queues")) {
     for (const Field& item : cq->items()) {
-      item.allow_only({"destination"});
-      s.client_queues.push_back(
-          ClientQueueConfig{name_of(item.required("destination"), "destination")});
+      item.allow_only({"destination", "count"});
+      ClientQueueSpec spec;
+      spec.destination = name_of(item.required("destination"), "destination");
+      if (auto count = item.optional("count")) {
+        if (count->as_string() == "per_queue") {
+          spec.per_queue = true;
+        } else {
+          spec.count = static_cast<uint32_t>(count->as_uint(1, mqueue::kMaxQueues));
+        }
+      }
+      s.client_queue_specs.push_back(std::move(spec));
     }
+    s.expand_client_queues();
     if (uint64_t{s.queues} + s.client_queues.size() > mqueue::kMaxQueues) {
       cq->fail(std::to_string(s.client_queues.size()) + " client queues and " +
                std::to_string(s.queues) + " server queues exceed the " +
@@ -194,7 +207,8 @@ ServiceConfig parse_service(const Field& f) {
   // Every field is in range on its own; what remains is how they fit together, which only the
   // largest message can break: it must fit in half a ring.
   if (Status st = mqueue::validate_geometry(s.geometry()); !st.ok()) {
-    max.fail(st.message() + " (ring_capacity " + std::to_string(s.ring_capacity) + ", slot_bytes " +
+    max.fail(st.message() + " (ring_capacity " + std::to_string(s.ring_capacity) +
+             (s.ring_auto ? " chosen for it" : "") + ", slot_bytes " +
              std::to_string(s.slot_bytes) + ")");
   }
   return s;
@@ -231,6 +245,94 @@ std::vector<std::string> ServiceConfig::destinations() const {
   for (const ClientQueueConfig& c : client_queues)
     out.push_back(c.destination);
   return out;
+}
+
+void ServiceConfig::expand_client_queues() {
+  client_queues.clear();
+  for (const ClientQueueSpec& spec : client_queue_specs) {
+    for (uint32_t i = 0, n = spec.per_queue ? queues : spec.count; i < n; ++i)
+      client_queues.push_back(ClientQueueConfig{spec.destination});
+  }
+}
+
+uint32_t auto_ring_capacity(uint32_t max_message_bytes, uint32_t slot_bytes) {
+  const uint64_t per_message = mqueue::slots_for(max_message_bytes, slot_bytes);
+  // Room for kAutoRingMessages, but no more than kAutoRingBytes unless two messages (the
+  // fewest a ring must hold) need more.
+  const uint64_t wanted = std::max(
+      std::min(kAutoRingMessages * per_message, kAutoRingBytes / slot_bytes), 2 * per_message);
+  uint64_t capacity = 256;
+  while (capacity < wanted && capacity < mqueue::kMaxRingCapacity)
+    capacity *= 2;
+  return static_cast<uint32_t>(capacity);
+}
+
+Result<std::vector<std::string>> size_services(AgentConfig& config, const AcceleratorFacts& facts) {
+  std::vector<std::string> lines;
+  for (ServiceConfig& s : config.services) {
+    std::string why;
+    if (s.queues_auto) {
+      uint32_t q = 1;
+      if (facts.kind == AcceleratorKind::kGpu && config.gpu.workers != 0) {
+        q = config.gpu.workers;
+        why = "one per GPU worker (gpu.workers)";
+      } else if (facts.kind == AcceleratorKind::kGpu) {
+        // A persistent worker per queue; a quarter of the SMs leaves the rest for other blocks
+        // of the kernel (a block-granular handler's) and for the handler's own launches.
+        const uint32_t quarter = std::max<uint32_t>(1, facts.multiprocessors / 4);
+        while (q * 2 <= quarter)
+          q *= 2;
+        why = "a quarter of " + facts.name + "'s " + std::to_string(facts.multiprocessors) +
+              " SMs, rounded down to a power of two";
+      } else {
+        q = std::max<uint32_t>(1, config.cpu.workers);
+        why = "one per CPU worker (cpu.workers)";
+      }
+      // What a region holds: each per-queue client item adds a client queue per server queue.
+      uint64_t fixed = 0, per_queue = 0;
+      for (const ClientQueueSpec& c : s.client_queue_specs) {
+        if (c.per_queue) {
+          ++per_queue;
+        } else {
+          fixed += c.count;
+        }
+      }
+      const uint64_t room =
+          (mqueue::kMaxQueues - std::min<uint64_t>(fixed, mqueue::kMaxQueues)) / (1 + per_queue);
+      if (room == 0) {
+        return invalid_argument("service '" + s.name + "': its " + std::to_string(fixed) +
+                                " client queues leave no room for a server queue in a region of " +
+                                std::to_string(mqueue::kMaxQueues) + " queues");
+      }
+      if (q > room) {
+        q = static_cast<uint32_t>(room);
+        why += ", cut to what a region holds with its client queues";
+      }
+      s.queues = q;
+    }
+    // Only per-queue items change with the count (client_queues filled in by a program stay).
+    if (std::any_of(s.client_queue_specs.begin(), s.client_queue_specs.end(),
+                    [](const ClientQueueSpec& c) { return c.per_queue; })) {
+      s.expand_client_queues();
+    }
+    if (uint64_t{s.queues} + s.client_queues.size() > mqueue::kMaxQueues) {
+      return invalid_argument("service '" + s.name + "': " + std::to_string(s.queues) +
+                              " server queues and " + std::to_string(s.client_queues.size()) +
+                              " client queues exceed the " + std::to_string(mqueue::kMaxQueues) +
+                              " queues a region can hold");
+    }
+    std::string line =
+        "service '" + s.name + "': " + std::to_string(s.queues) + " queue(s)" +
+        (s.queues_auto ? " (auto: " + why + ")" : "") + ", rings of " +
+        std::to_string(s.ring_capacity) + " slots of " + std::to_string(s.slot_bytes) + " B" +
+        (s.ring_auto ? " (auto: " + std::to_string(kAutoRingMessages) + " messages of up to " +
+                           std::to_string(s.max_message_bytes) + " B)"
+                     : "");
+    if (!s.client_queues.empty())
+      line += ", " + std::to_string(s.client_queues.size()) + " client queue(s)";
+    lines.push_back(std::move(line));
+  }
+  return lines;
 }
 
 std::vector<std::string> configuration_warnings(const AgentConfig& config, AcceleratorKind kind) {

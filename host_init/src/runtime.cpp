@@ -671,11 +671,13 @@ Status AgentRuntime::Impl::run() {
   if (!choice.ok()) return choice.status();
   accelerator = *choice;
   std::string described = accelerator.str();
+  AcceleratorFacts facts{accelerator.kind, accelerator.str(), 0};
   if (accelerator.kind == AcceleratorKind::kGpu) {
     std::vector<std::string> warnings;
-    Result<std::string> gpu = backends.gpu->prepare(accelerator.gpu, warnings);
+    Result<GpuBackend::Prepared> gpu = backends.gpu->prepare(accelerator.gpu, warnings);
     if (!gpu.ok()) return gpu.status();
-    described = *gpu;
+    described = gpu->description;
+    facts.multiprocessors = gpu->multiprocessors;
     for (const std::string& w : warnings)
       spdlog::warn("{}", w);
   }
@@ -687,6 +689,11 @@ Status AgentRuntime::Impl::run() {
       : config.rdma.region_memory == RegionMemory::kGpu ? "rdma (regions in GPU memory)"
                                                         : "rdma",
       config.server.str());
+  // What the configuration left to the agent, sized for this accelerator, and said.
+  Result<std::vector<std::string>> sized = size_services(config, facts);
+  if (!sized.ok()) return sized.status();
+  for (const std::string& line : *sized)
+    spdlog::info("{}", line);
   for (const std::string& w : configuration_warnings(config, accelerator.kind))
     spdlog::warn("{}", w);
   // The handlers' state, before anything is registered: a setup that fails leaves the server

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "caracal/agent/accelerator.hpp"
+#include "caracal/mqueue/validate.hpp"
 
 namespace caracal::agent {
 namespace {
@@ -126,6 +127,112 @@ services: [{ name: echo, max_message_bytes: 100 }]
   ASSERT_TRUE(choice.ok());
   EXPECT_EQ(choice->kind, AcceleratorKind::kCpu);
   EXPECT_EQ(choice->str(), "cpu");
+}
+
+// What the configuration leaves out the agent sizes: queues for the accelerator it finds, rings
+// for the message size, a client queue per server queue where asked; and it says what it chose.
+AgentConfig sized(const std::string& services, const AcceleratorFacts& facts,
+                  const std::string& extra = "") {
+  AgentConfig c = parse("agent: a\nserver: 127.0.0.1:7100\nsecret: 0123456789abcdef\n" + extra +
+                        "services:\n" + services);
+  Result<std::vector<std::string>> lines = size_services(c, facts);
+  EXPECT_TRUE(lines.ok()) << lines.status().message();
+  return c;
+}
+
+const AcceleratorFacts kCpu{AcceleratorKind::kCpu, "cpu", 0};
+const AcceleratorFacts kH200{AcceleratorKind::kGpu, "gpu:0", 132};
+
+TEST(AgentConfig, AutoRingHoldsThirtyTwoMessagesInAMebibyteAtMost) {
+  EXPECT_EQ(auto_ring_capacity(100, 256), 256u);    // 1 slot each: the floor
+  EXPECT_EQ(auto_ring_capacity(1024, 256), 256u);   // 5 slots: 160
+  EXPECT_EQ(auto_ring_capacity(4104, 256), 1024u);  // 17 slots: 544
+  EXPECT_EQ(auto_ring_capacity(8192, 256), 2048u);  // 33 slots: 1,056
+  // 257 slots: 32 of them would be 2 MiB; 1 MiB is 4,096 slots (15 messages).
+  EXPECT_EQ(auto_ring_capacity(65536, 256), 4096u);
+  // 1 MiB messages (4,097 slots): two of them, whatever the bytes.
+  EXPECT_EQ(auto_ring_capacity(1 << 20, 256), 16384u);
+  // What it picks always passes the geometry's rules.
+  for (uint32_t max : {1u, 200u, 4000u, 60000u, 1u << 20, 8u << 20}) {
+    mqueue::RegionGeometry g;
+    g.max_message_bytes = max;
+    g.ring_capacity = auto_ring_capacity(max, 256);
+    EXPECT_TRUE(mqueue::validate_geometry(g).ok()) << max;
+  }
+}
+
+TEST(AgentConfig, QueuesAndRingsAreSizedForTheAccelerator) {
+  const std::string face =
+      "  - { name: face, max_message_bytes: 8192,\n"
+      "      client_queues: [ { destination: memcached, count: per_queue } ] }\n";
+  AgentConfig gpu = sized(face, kH200);
+  const ServiceConfig& g = gpu.services[0];
+  EXPECT_TRUE(g.queues_auto && g.ring_auto);
+  EXPECT_EQ(g.queues, 32u);  // 132 / 4 = 33, down to a power of two
+  EXPECT_EQ(g.ring_capacity, 2048u);
+  EXPECT_EQ(g.client_queues.size(), 32u);
+  EXPECT_TRUE(configuration_warnings(gpu, AcceleratorKind::kGpu).empty());
+  // The CPU: a queue per worker.
+  AgentConfig cpu = sized(face, kCpu, "cpu: { workers: 3 }\n");
+  EXPECT_EQ(cpu.services[0].queues, 3u);
+  EXPECT_EQ(cpu.services[0].client_queues.size(), 3u);
+  EXPECT_TRUE(configuration_warnings(cpu, AcceleratorKind::kCpu).empty());
+  // gpu.workers, when set, is the count; a small GPU gets one queue.
+  EXPECT_EQ(sized(face, kH200, "gpu: { workers: 6 }\n").services[0].queues, 6u);
+  EXPECT_EQ(sized(face, {AcceleratorKind::kGpu, "gpu:1", 3}).services[0].queues, 1u);
+  // Said, with the reason.
+  AgentConfig c = parse(
+      "agent: a\nserver: 127.0.0.1:7100\nsecret: 0123456789abcdef\n"
+      "services:\n" +
+      face);
+  Result<std::vector<std::string>> lines = size_services(c, kH200);
+  ASSERT_TRUE(lines.ok());
+  ASSERT_EQ(lines->size(), 1u);
+  EXPECT_EQ((*lines)[0],
+            "service 'face': 32 queue(s) (auto: a quarter of gpu:0's 132 SMs, rounded down to a "
+            "power of two), rings of 2048 slots of 256 B (auto: 32 messages of up to 8192 B), 32 "
+            "client queue(s)");
+}
+
+TEST(AgentConfig, GivenSizesAreKept) {
+  AgentConfig c = sized(
+      "  - { name: face, queues: 4, ring_capacity: 512, max_message_bytes: 4104,\n"
+      "      client_queues: [ { destination: memcached, count: per_queue },\n"
+      "                       { destination: redis, count: 2 }, { destination: log } ] }\n",
+      kH200);
+  const ServiceConfig& s = c.services[0];
+  EXPECT_FALSE(s.queues_auto || s.ring_auto);
+  EXPECT_EQ(s.queues, 4u);
+  EXPECT_EQ(s.ring_capacity, 512u);
+  // Per-queue ones first in their order: worker w of 4 owns memcached's w-th.
+  EXPECT_EQ(s.destinations(), (std::vector<std::string>{"memcached", "memcached", "memcached",
+                                                        "memcached", "redis", "redis", "log"}));
+  expect_error(
+      "agent: a\nserver: 127.0.0.1:7100\nsecret: 0123456789abcdef\nservices:\n"
+      "  - { name: f, max_message_bytes: 100, client_queues: [ { destination: m, count: "
+      "lots } ] }\n",
+      "5:82", {"services[0].client_queues[0].count"});
+  expect_error(
+      "agent: a\nserver: 127.0.0.1:7100\nsecret: 0123456789abcdef\nservices:\n"
+      "  - { name: f, queues: many, max_message_bytes: 100 }\n",
+      "5:24", {"services[0].queues"});
+}
+
+TEST(AgentConfig, AutoQueuesStopAtWhatARegionHolds) {
+  // Two per-queue destinations: each server queue brings two client queues, 1,024 in all.
+  AgentConfig c = sized(
+      "  - { name: f, max_message_bytes: 100,\n"
+      "      client_queues: [ { destination: a, count: per_queue },\n"
+      "                       { destination: b, count: per_queue } ] }\n",
+      kCpu, "cpu: { workers: 1000 }\n");
+  EXPECT_EQ(c.services[0].queues, 341u);
+  EXPECT_EQ(c.services[0].client_queues.size(), 682u);
+  // Given counts that overflow once per-queue ones are expanded are refused where they are.
+  expect_error(
+      "agent: a\nserver: 127.0.0.1:7100\nsecret: 0123456789abcdef\nservices:\n"
+      "  - { name: f, queues: 600, max_message_bytes: 100,\n"
+      "      client_queues: [ { destination: a, count: per_queue } ] }\n",
+      "6:22", {"services[0].client_queues", "600 client queues and 600 server queues"});
 }
 
 // Workers that own server queues but no client queue are named, on either accelerator.

@@ -22,8 +22,8 @@ if ! SERVERS="caracal cpu" HANDLERS=face DURATION=0.3 WARMUP=0.1 THREADS=2 LOADG
 fi
 grep -q "stored 200 references" "$WORK/out/raw/face-loader.log" ||
   { echo "FAIL: the loader did not store the face set"; exit 1; }
-grep -q "client_queues: \[ { destination: memcached }, { destination: memcached } \]" \
-  "$WORK/out/raw/caracal-face-agent.yaml" || { echo "FAIL: the agent had no client queues"; exit 1; }
+grep -q "service 'face': 2 queue(s), rings of 512 slots of 256 B, 2 client queue(s)" \
+  "$WORK/out/raw/caracal-face-agent.log" || { echo "FAIL: the agent had no client queue per queue"; exit 1; }
 
 python3 - "$WORK/out/compare.json" <<'PY'
 import json

@@ -85,9 +85,14 @@ AcceleratorMemory host_memory();
 struct GpuBackend {
   // CUDA devices present (0 without a driver or a device).
   std::function<int()> device_count;
-  // Checks `device` and describes it for the log ("gpu:0 (NVIDIA H200, sm_90, ...)"); what the
-  // operator should know goes to `warnings` (other processes holding a context on it).
-  std::function<Result<std::string>(uint32_t device, std::vector<std::string>& warnings)> prepare;
+  // Checks `device` and describes it for the log ("gpu:0 (NVIDIA H200, sm_90, ...)") and for
+  // sizing (its SMs); what the operator should know goes to `warnings` (other processes holding
+  // a context on it).
+  struct Prepared {
+    std::string description;
+    uint32_t multiprocessors = 0;
+  };
+  std::function<Result<Prepared>(uint32_t device, std::vector<std::string>& warnings)> prepare;
   // Registers the region (this process's shm mapping) with CUDA as mapped memory and launches
   // the handler's persistent kernel on it.
   std::function<StartResult(std::byte* region, uint64_t bytes, uint32_t device,

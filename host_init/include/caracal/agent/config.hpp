@@ -21,8 +21,12 @@
 //   reconnect_interval_ms: 200     # between connection attempts while the server is away
 //   services:
 //     - name: echo                 # a service of the server's config
-//       queues: 2                  # server queues (default 1)
-//       ring_capacity: 256         # slots per ring, power of two (default 256)
+//       queues: auto               # server queues, or auto (default): the CPU's workers, or
+//                                  # on a GPU gpu.workers when set, else a quarter of its SMs
+//                                  # rounded down to a power of two (32 on a 132-SM H200)
+//       ring_capacity: auto        # slots per ring, power of two, or auto (default): room for
+//                                  # 32 messages of max_message_bytes in 1 MiB or less (but two
+//                                  # at least), at least 256 slots
 //       slot_bytes: 256            # power of two (default 256)
 //       max_message_bytes: 1024    # largest request or reply; at most half a ring
 //       rx_lines: auto             # auto (default), on or off: announce every request in an LL
@@ -32,7 +36,9 @@
 //                                  # replies in LL lines that the server polls; auto is on for a
 //                                  # GPU writing a region in host memory over shm
 //       client_queues:             # optional; client queue c calls client_queues[c]
-//         - { destination: memcached }
+//         - { destination: memcached }               # one client queue
+//         - { destination: store, count: per_queue }  # one per server queue, so that every
+//                                  # worker owns one (count: N, N of them; default 1)
 //       handler:                   # optional: the handler's own settings, as it declares
 //         dictionary: words.tsv    # them (settings.hpp); checked by agent_main, not here
 #pragma once
@@ -81,6 +87,15 @@ struct ClientQueueConfig {
   std::string destination;  // a destination of the server's config
 };
 
+// One item of a service's `client_queues`: `count` client queues to `destination`, or with
+// `per_queue` one for each server queue (placed so that worker w of as many workers as server
+// queues owns the w-th).
+struct ClientQueueSpec {
+  std::string destination;
+  uint32_t count = 1;
+  bool per_queue = false;
+};
+
 // Whether a service's region has RX lines, TX lines (mqueue/layout.hpp). RX lines save a GPU
 // that polls its rings across PCIe one read per request; a CPU, or a GPU polling its own
 // memory, gains nothing and the SmartNIC writes a line more per request. TX lines let the server
@@ -96,7 +111,14 @@ struct ServiceConfig {
   uint32_t max_message_bytes = 0;
   Lines rx_lines = Lines::kAuto;
   Lines tx_lines = Lines::kAuto;
+  // `queues` and `ring_capacity` left to the agent (omitted or `auto`): size_services sets
+  // queues once the accelerator is known; the parser sets ring_capacity from the message size.
+  bool queues_auto = false;
+  bool ring_auto = false;
+  // The client queues in client-queue order, `client_queue_specs` expanded for `queues`
+  // (expand_client_queues).
   std::vector<ClientQueueConfig> client_queues;
+  std::vector<ClientQueueSpec> client_queue_specs;
   // The `handler:` mapping, kept as read: only the handler knows its keys, and its settings are
   // checked against what it declares (Settings, settings.hpp) with these positions.
   std::optional<config::Field> handler;
@@ -109,7 +131,18 @@ struct ServiceConfig {
   mqueue::RegionGeometry geometry(bool gpu_across_pcie = false, bool shm = false) const;
   // Client queue destinations in client-queue order, as the region announcement lists them.
   std::vector<std::string> destinations() const;
+  // Rebuilds client_queues from client_queue_specs for the current `queues`.
+  void expand_client_queues();
 };
+
+// Messages of max_message_bytes that an automatic ring holds (a GPU worker's default burst),
+// in at most kAutoRingBytes unless two messages need more.
+inline constexpr uint64_t kAutoRingMessages = 32;
+inline constexpr uint64_t kAutoRingBytes = 1 << 20;
+// Slots per ring for `auto`: room for kAutoRingMessages messages of max_message_bytes within
+// kAutoRingBytes (but two at least), rounded up to a power of two, at least 256 and at most
+// mqueue::kMaxRingCapacity.
+uint32_t auto_ring_capacity(uint32_t max_message_bytes, uint32_t slot_bytes);
 
 struct AgentConfig {
   std::string agent;
@@ -132,6 +165,18 @@ using AcceleratorCheck = std::function<Status(const AcceleratorSetting&)>;
 // Throws config::ConfigError naming the file, line, column and key of the first bad setting.
 AgentConfig parse_agent_config(const config::Field& root, const AcceleratorCheck& check = {});
 AgentConfig load_agent_config(const std::string& path, const AcceleratorCheck& check = {});
+
+// What the accelerator that will run tells the sizing: for a GPU, its multiprocessors.
+struct AcceleratorFacts {
+  AcceleratorKind kind = AcceleratorKind::kCpu;
+  std::string name;              // "cpu", "gpu:0"
+  uint32_t multiprocessors = 0;  // a GPU's SMs
+};
+
+// Sets every service's `auto` queue count for `facts` (see the format above) and expands its
+// client queues; returns one line per service for the log, what was chosen and why. Fails when
+// the chosen queues and the client queues exceed what a region holds.
+Result<std::vector<std::string>> size_services(AgentConfig& config, const AcceleratorFacts& facts);
 
 // What the configuration allows but will not serve as meant, on `accelerator` (cpu or gpu), one
 // line each for the log: workers that own a service's server queues but none of its client

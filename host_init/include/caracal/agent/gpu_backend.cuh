@@ -141,7 +141,8 @@ inline Result<std::string> check_rdma_memory(uint32_t device) {
 
 // What the agent logs about its GPU before it serves: the device, and the processes that would
 // time-slice against the persistent kernels.
-inline Result<std::string> prepare_gpu(uint32_t device, std::vector<std::string>& warnings) {
+inline Result<GpuBackend::Prepared> prepare_gpu(uint32_t device,
+                                                std::vector<std::string>& warnings) {
   Result<accel::gpu::DeviceInfo> info = accel::gpu::describe_device(static_cast<int>(device));
   if (!info.ok()) return info.status();
   Result<std::vector<accel::gpu::GpuProcess>> others =
@@ -161,7 +162,7 @@ inline Result<std::string> prepare_gpu(uint32_t device, std::vector<std::string>
                        "GPU (milliseconds per request); dedicate the GPU to this agent or share "
                        "it through MPS");
   }
-  return info->str();
+  return GpuBackend::Prepared{info->str(), static_cast<uint32_t>(info->multiprocessors)};
 }
 
 // Device memory of `device` for a handler's state (AcceleratorMemory): cudaMalloc'd and zeroed

@@ -3,9 +3,10 @@
 # a DESTDIR, so that nothing of the machine's is touched) or CARACAL_SDK_PREFIX, then a project
 # of its own (the three lines of CMake of host_init/README.md, and a handler that reverses each
 # message) found with find_package(Caracal), built, and served by the installed snic_server:
-# the reply over TCP is the message reversed.
+# the reply over TCP is the message reversed. Then the first-handler guide
+# (examples/first_handler/README.md, installed with its template) is run step by step.
 source "$(dirname "$0")/lib.sh"
-need cmake nc
+need cmake nc python3
 # CARACAL_SDK_PREFIX: an installation made otherwise (scripts/package-install-check.sh: the
 # caracal-dev and caracal-server packages installed by apt into a fresh root) is used as it is.
 if [ -n "${CARACAL_SDK_PREFIX:-}" ]; then
@@ -68,4 +69,14 @@ start_agent reverse-1 "$WORK/reverse/build/reverse_agent" \
 
 reply=$(echo "caracal sdk" | timeout 10 nc -q1 127.0.0.1 "$PORT")
 [ "$reply" = "kds lacarac" ] || fail "the reply to 'caracal sdk' was '$reply'"
-echo "PASS: an out-of-tree handler built against the install serves through the installed server"
+echo "an out-of-tree handler built against the install serves through the installed server"
+
+# The first-handler guide, every step of it as a reader runs it, from the installed copy: the
+# template copied out of the install, built, served by the installed server and asked, its
+# settings changed and refused (tests/e2e/run_guide.py).
+GUIDE="$PREFIX/share/caracal/handler-template/README.md"
+[ -f "$GUIDE" ] || fail "the install has no handler template (share/caracal/handler-template)"
+python3 "$(dirname "$0")/run_guide.py" --prefix "$PREFIX" "$GUIDE" "$WORK/guide" \
+  >"$WORK/guide.log" 2>&1 || fail "the first-handler guide failed: $(tail -30 "$WORK/guide.log")"
+grep -q "stop words from" "$WORK/guide.log" || fail "the guide's agent did not load its stop words"
+echo "PASS: the first-handler guide ran, every step of it ($(grep -c '^\$ ' "$WORK/guide.log") commands)"

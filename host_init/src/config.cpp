@@ -277,12 +277,13 @@ Result<std::vector<std::string>> size_services(AgentConfig& config, const Accele
         q = config.gpu.workers;
         why = "one per GPU worker (gpu.workers)";
       } else if (facts.kind == AcceleratorKind::kGpu) {
-        // A persistent worker per queue; a quarter of the SMs leaves the rest for other blocks
-        // of the kernel (a block-granular handler's) and for the handler's own launches.
-        const uint32_t quarter = std::max<uint32_t>(1, facts.multiprocessors / 4);
-        while (q * 2 <= quarter)
+        // A persistent worker per queue. More queues cost the server's threads more polling
+        // than they give: face at 4 I/O threads on an H200 served less with 32 queues than
+        // with 8 or 16 (bench/results/EXPERIMENTS.md, face-auto-h200).
+        const uint32_t eighth = std::max<uint32_t>(1, facts.multiprocessors / 8);
+        while (q * 2 <= eighth)
           q *= 2;
-        why = "a quarter of " + facts.name + "'s " + std::to_string(facts.multiprocessors) +
+        why = "an eighth of " + facts.name + "'s " + std::to_string(facts.multiprocessors) +
               " SMs, rounded down to a power of two";
       } else {
         q = std::max<uint32_t>(1, config.cpu.workers);
@@ -325,8 +326,10 @@ Result<std::vector<std::string>> size_services(AgentConfig& config, const Accele
         "service '" + s.name + "': " + std::to_string(s.queues) + " queue(s)" +
         (s.queues_auto ? " (auto: " + why + ")" : "") + ", rings of " +
         std::to_string(s.ring_capacity) + " slots of " + std::to_string(s.slot_bytes) + " B" +
-        (s.ring_auto ? " (auto: " + std::to_string(kAutoRingMessages) + " messages of up to " +
-                           std::to_string(s.max_message_bytes) + " B)"
+        (s.ring_auto ? " (auto: room for " +
+                           std::to_string(s.ring_capacity /
+                                          mqueue::slots_for(s.max_message_bytes, s.slot_bytes)) +
+                           " messages of " + std::to_string(s.max_message_bytes) + " B)"
                      : "");
     if (!s.client_queues.empty())
       line += ", " + std::to_string(s.client_queues.size()) + " client queue(s)";

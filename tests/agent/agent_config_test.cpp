@@ -143,13 +143,13 @@ AgentConfig sized(const std::string& services, const AcceleratorFacts& facts,
 const AcceleratorFacts kCpu{AcceleratorKind::kCpu, "cpu", 0};
 const AcceleratorFacts kH200{AcceleratorKind::kGpu, "gpu:0", 132};
 
-TEST(AgentConfig, AutoRingHoldsThirtyTwoMessagesInAMebibyteAtMost) {
-  EXPECT_EQ(auto_ring_capacity(100, 256), 256u);    // 1 slot each: the floor
-  EXPECT_EQ(auto_ring_capacity(1024, 256), 256u);   // 5 slots: 160
-  EXPECT_EQ(auto_ring_capacity(4104, 256), 1024u);  // 17 slots: 544
-  EXPECT_EQ(auto_ring_capacity(8192, 256), 2048u);  // 33 slots: 1,056
-  // 257 slots: 32 of them would be 2 MiB; 1 MiB is 4,096 slots (15 messages).
-  EXPECT_EQ(auto_ring_capacity(65536, 256), 4096u);
+TEST(AgentConfig, AutoRingHoldsThirtyTwoMessagesIn128KiBAtMost) {
+  EXPECT_EQ(auto_ring_capacity(100, 256), 256u);   // 1 slot each: the floor
+  EXPECT_EQ(auto_ring_capacity(1024, 256), 256u);  // 5 slots: 160
+  EXPECT_EQ(auto_ring_capacity(4104, 256), 512u);  // 17 slots: 544, but 128 KiB is 512
+  EXPECT_EQ(auto_ring_capacity(8192, 256), 512u);  // 33 slots: 15 of them
+  // 257 slots: two of them are more than 128 KiB.
+  EXPECT_EQ(auto_ring_capacity(65536, 256), 1024u);
   // 1 MiB messages (4,097 slots): two of them, whatever the bytes.
   EXPECT_EQ(auto_ring_capacity(1 << 20, 256), 16384u);
   // What it picks always passes the geometry's rules.
@@ -168,9 +168,9 @@ TEST(AgentConfig, QueuesAndRingsAreSizedForTheAccelerator) {
   AgentConfig gpu = sized(face, kH200);
   const ServiceConfig& g = gpu.services[0];
   EXPECT_TRUE(g.queues_auto && g.ring_auto);
-  EXPECT_EQ(g.queues, 32u);  // 132 / 4 = 33, down to a power of two
-  EXPECT_EQ(g.ring_capacity, 2048u);
-  EXPECT_EQ(g.client_queues.size(), 32u);
+  EXPECT_EQ(g.queues, 16u);  // 132 / 8 = 16.5, down to a power of two
+  EXPECT_EQ(g.ring_capacity, 512u);
+  EXPECT_EQ(g.client_queues.size(), 16u);
   EXPECT_TRUE(configuration_warnings(gpu, AcceleratorKind::kGpu).empty());
   // The CPU: a queue per worker.
   AgentConfig cpu = sized(face, kCpu, "cpu: { workers: 3 }\n");
@@ -189,8 +189,8 @@ TEST(AgentConfig, QueuesAndRingsAreSizedForTheAccelerator) {
   ASSERT_TRUE(lines.ok());
   ASSERT_EQ(lines->size(), 1u);
   EXPECT_EQ((*lines)[0],
-            "service 'face': 32 queue(s) (auto: a quarter of gpu:0's 132 SMs, rounded down to a "
-            "power of two), rings of 2048 slots of 256 B (auto: 32 messages of up to 8192 B), 32 "
+            "service 'face': 16 queue(s) (auto: an eighth of gpu:0's 132 SMs, rounded down to a "
+            "power of two), rings of 512 slots of 256 B (auto: room for 15 messages of 8192 B), 16 "
             "client queue(s)");
 }
 

@@ -9,12 +9,11 @@ S=$SECONDS
 mkdir -p /tmp/debs && for d in build-debs/*.deb; do dpkg -x "$d" /tmp/debs; done
 export PATH=/tmp/debs/usr/bin:/tmp/debs/bin:$PATH
 export LD_LIBRARY_PATH=/tmp/debs/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=ON \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARACAL_BUILD_TESTS=OFF \
   -DCARACAL_BUILD_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 ninja -C build-gpu >"$OUT/build.log" 2>&1 || { grep -B2 -A10 "error" "$OUT/build.log" | head -60; exit 1; }
 echo "built at $((SECONDS - S)) s"
-(cd build-gpu && timeout 120 ctest -L agent --output-on-failure >"$OUT/ctest-agent.log" 2>&1)
-echo "agent tests rc $?: $(grep 'tests passed' "$OUT/ctest-agent.log")"
+
 run() { # NAME SERVERS ENV...
   local n=$1 servers=$2
   shift 2
@@ -26,8 +25,6 @@ run() { # NAME SERVERS ENV...
   cp "/tmp/$n/compare.json" "$OUT/$n.json" 2>/dev/null
   grep "saturation:" "$OUT/$n.log" | sed 's/; sent.*//'
 }
-for r in 1 2; do
-  run "auto-r$r" "caracal host_centric" AGENT_QUEUES=auto AGENT_RING_CAPACITY=auto
-  run "q8-r$r" caracal AGENT_QUEUES=8 AGENT_RING_CAPACITY=512
-done
+run auto-r1 "caracal host_centric" AGENT_QUEUES=auto AGENT_RING_CAPACITY=auto
+run q8-r1 caracal AGENT_QUEUES=8 AGENT_RING_CAPACITY=512
 echo "done at $((SECONDS - S)) s"

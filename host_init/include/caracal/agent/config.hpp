@@ -22,10 +22,10 @@
 //   services:
 //     - name: echo                 # a service of the server's config
 //       queues: auto               # server queues, or auto (default): the CPU's workers, or
-//                                  # on a GPU gpu.workers when set, else a quarter of its SMs
-//                                  # rounded down to a power of two (32 on a 132-SM H200)
+//                                  # on a GPU gpu.workers when set, else an eighth of its SMs
+//                                  # rounded down to a power of two (16 on a 132-SM H200)
 //       ring_capacity: auto        # slots per ring, power of two, or auto (default): room for
-//                                  # 32 messages of max_message_bytes in 1 MiB or less (but two
+//                                  # 32 messages of max_message_bytes in 128 KiB or less (but two
 //                                  # at least), at least 256 slots
 //       slot_bytes: 256            # power of two (default 256)
 //       max_message_bytes: 1024    # largest request or reply; at most half a ring
@@ -138,7 +138,7 @@ struct ServiceConfig {
 // Messages of max_message_bytes that an automatic ring holds (a GPU worker's default burst),
 // in at most kAutoRingBytes unless two messages need more.
 inline constexpr uint64_t kAutoRingMessages = 32;
-inline constexpr uint64_t kAutoRingBytes = 1 << 20;
+inline constexpr uint64_t kAutoRingBytes = 128 << 10;
 // Slots per ring for `auto`: room for kAutoRingMessages messages of max_message_bytes within
 // kAutoRingBytes (but two at least), rounded up to a power of two, at least 256 and at most
 // mqueue::kMaxRingCapacity.

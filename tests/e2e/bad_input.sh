@@ -77,6 +77,12 @@ head -c 2000 /dev/zero | tr '\0' 'x' | timeout 5 nc -q 2 127.0.0.2 "$LINE" >"$WO
 grep -q "^ERROR " "$WORK/line.out" || fail "an oversize line got no error reply: '$(head -c 200 "$WORK/line.out")'"
 echo "oversize line: $(cat "$WORK/line.out")"
 
+# A last line without its newline, ended by the client's half-close (nc -N): answered as a line.
+printf 'first\nlast' | timeout 5 nc -N 127.0.0.2 "$LINE" >"$WORK/last.out" || true
+[ "$(cat "$WORK/last.out")" = "$(printf 'first\nlast')" ] ||
+  fail "a last line without a newline got '$(cat "$WORK/last.out")'"
+echo "a last line without its newline: answered"
+
 # An oversize datagram: dropped and counted.
 head -c 1500 /dev/zero | timeout 2 nc -u -w 1 127.0.0.1 "$UDP" >/dev/null || true
 sleep 0.3

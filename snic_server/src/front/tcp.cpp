@@ -279,6 +279,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
         return;
       }
       // The client finished sending (or half-closed): answer what it sent, then close.
+      peer_finished_ = ec == asio::error::eof;
       process();
       maybe_finish();
       return;
@@ -322,8 +323,16 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   void process() {
     const Codec& codec = shared_->codec;
     while (!closing_ && pending_.size() < shared_->config.max_pipeline && !replies_backlogged()) {
-      const Decoded d = codec.decode(std::span<const std::byte>(
+      Decoded d = codec.decode(std::span<const std::byte>(
           reinterpret_cast<const std::byte*>(buffer_.get() + begin_), end_ - begin_));
+      if (d.status == DecodeStatus::kNeedMore && peer_finished_ && end_ != begin_ &&
+          codec.config().kind == FramingKind::kLine &&
+          end_ - begin_ <= codec.config().max_message_bytes) {
+        // The client's last line, ended by its close rather than a delimiter (`printf word |
+        // nc`): answered as a line, as line-oriented servers do. Only after the client's own
+        // EOF: a stop that cut a read short may have left the middle of a line here.
+        d = Decoded{DecodeStatus::kMessage, 0, end_ - begin_, end_ - begin_, {}};
+      }
       if (d.status == DecodeStatus::kNeedMore) {
         if (read_done_ && end_ != begin_) {
           spdlog::info("{}: {} closed its side with a partial message of {} bytes; dropped",
@@ -622,6 +631,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   uint32_t small_reads_ = 0;  // reads in a row of at most a quarter of kTcpReadInitial
   bool reading_ = false;
   bool read_done_ = false;
+  bool peer_finished_ = false;  // reading ended at the client's EOF (not a stop or an error)
   bool congested_ = false;
   bool closing_ = false;              // no more requests are taken
   bool closing_after_write_ = false;  // close once the output is written

@@ -27,9 +27,9 @@ cat "$WORK/run.log"
 grep -q "stored 200 references" "$WORK/out/raw/face-loader.log" ||
   { echo "FAIL: the loader did not store the face set"; exit 1; }
 for i in 0 1; do
-  grep -q "client_queues: \[ { destination: memcached }, { destination: memcached } \]" \
-    "$WORK/out/raw/scaling-caracal-n2-agent$i.yaml" ||
-    { echo "FAIL: agent $i had no client queues"; exit 1; }
+  grep -q "service 'face': 2 queue(s), rings of 512 slots of 256 B, 2 client queue(s)" \
+    "$WORK/out/raw/scaling-caracal-n2-agent$i.log" ||
+    { echo "FAIL: agent $i had no client queue per queue"; exit 1; }
 done
 
 python3 - "$WORK/out/gpus.json" <<'PY'

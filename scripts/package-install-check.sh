@@ -39,7 +39,7 @@ fail() { echo "package-install-check: $*" >&2; exit 1; }
 
 # A root with apt, then our packages installed by apt from local files (it resolves Depends
 # from the mirror). No services start in a chroot: policy-rc.d says so, as in Debian's builds.
-mmdebstrap --variant=apt --mode=root --include=netcat-openbsd,ca-certificates,systemd,curl,python3-minimal \
+mmdebstrap --variant=apt --mode=root --include=netcat-openbsd,ca-certificates,systemd,curl,python3 \
   --customize-hook='printf "#!/bin/sh\nexit 101\n" >"$1/usr/sbin/policy-rc.d"; chmod +x "$1/usr/sbin/policy-rc.d"' \
   --customize-hook="mkdir -p \"\$1/tmp/debs\"" \
   --customize-hook="sync-in $PKGS /tmp/debs" \

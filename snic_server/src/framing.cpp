@@ -220,6 +220,18 @@ Result<Codec> Codec::make(const FramingConfig& c) {
   return Codec(c);
 }
 
+Decoded Codec::decode_at_end(std::span<const std::byte> buf) const {
+  Decoded d = decode(buf);
+  if (d.status == DecodeStatus::kNeedMore && config_.kind == FramingKind::kLine && !buf.empty() &&
+      buf.size() <= config_.max_message_bytes) {
+    d.status = DecodeStatus::kMessage;
+    d.payload_offset = 0;
+    d.payload_bytes = buf.size();
+    d.consumed = buf.size();
+  }
+  return d;
+}
+
 Decoded Codec::decode(std::span<const std::byte> buf) const {
   Decoded d;
   const FramingConfig& c = config_;

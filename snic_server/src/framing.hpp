@@ -53,6 +53,10 @@ class Codec {
 
   // Looks for one message at the start of `buffered`.
   Decoded decode(std::span<const std::byte> buffered) const;
+  // The same, once the peer has ended its stream (EOF): under kLine, bytes after the last
+  // delimiter (no more than max_message_bytes) are the last line, as line-oriented servers
+  // take them (`printf word | nc -N`); the other kinds have no such message.
+  Decoded decode_at_end(std::span<const std::byte> buffered) const;
 
   // Framing bytes that go before a reply of `payload_bytes` (the prefix; none for the other
   // kinds), written to `out` (room for header_capacity()); returns how many.

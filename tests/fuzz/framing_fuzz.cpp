@@ -154,7 +154,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const Bytes buf = stream.subspan(begin);
     const Decoded d = codec->decode(buf);
     check_decode(*codec, buf, d, i < kPrefixChecked);
-    if (d.status != DecodeStatus::kMessage) break;
+    if (d.status != DecodeStatus::kMessage) {
+      // Where the stream ends here: what decode_at_end takes as the last message lies within
+      // what is buffered and within max_message_bytes, and a whole message is decode's.
+      const Decoded e = codec->decode_at_end(buf);
+      if (e.status == DecodeStatus::kMessage) {
+        CARACAL_FUZZ_CHECK(d.status == DecodeStatus::kNeedMore && e.consumed == buf.size() &&
+                               e.payload_offset + e.payload_bytes <= buf.size() &&
+                               e.payload_bytes <= config.max_message_bytes,
+                           "a last message of %zu bytes out of %zu buffered", e.consumed,
+                           buf.size());
+      }
+      break;
+    }
     begin += d.consumed;
   }
   return 0;

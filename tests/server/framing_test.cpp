@@ -146,6 +146,27 @@ TEST(Framing, EmptyLineIsAMessage) {
   EXPECT_EQ(d.consumed, 1u);
 }
 
+TEST(Framing, AtTheStreamsEndTheLastLineNeedsNoDelimiter) {
+  Codec line = make({.kind = FramingKind::kLine, .delimiter = "\r\n", .max_message_bytes = 8});
+  auto buf = bytes("a\r\nlast");
+  Decoded d = line.decode_at_end(buf);
+  ASSERT_EQ(d.status, DecodeStatus::kMessage);  // whole lines first
+  EXPECT_EQ(d.consumed, 3u);
+  d = line.decode_at_end(std::span(buf).subspan(3));
+  ASSERT_EQ(d.status, DecodeStatus::kMessage);
+  EXPECT_EQ(text(buf, 3 + d.payload_offset, d.payload_bytes), "last");
+  EXPECT_EQ(d.consumed, 4u);
+  EXPECT_EQ(line.decode_at_end({}).status, DecodeStatus::kNeedMore);  // nothing left
+  // Over max_message_bytes: no line, at the end either.
+  EXPECT_EQ(line.decode_at_end(bytes("123456789")).status, DecodeStatus::kNeedMore);
+  // A length prefix's partial message stays partial.
+  Codec prefixed = make({.kind = FramingKind::kLengthPrefixed, .max_message_bytes = 8});
+  std::byte header[Codec::header_capacity()];
+  std::vector<std::byte> partial(header, header + prefixed.encode_header(5, header));
+  partial.resize(partial.size() + 2, std::byte{'x'});  // 2 of the 5 bytes
+  EXPECT_EQ(prefixed.decode_at_end(partial).status, DecodeStatus::kNeedMore);
+}
+
 TEST(Framing, OverlongLineIsMalformed) {
   Codec codec = make({.kind = FramingKind::kLine, .max_message_bytes = 8});
   // Exactly max bytes and the delimiter: fine.

@@ -323,16 +323,11 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   void process() {
     const Codec& codec = shared_->codec;
     while (!closing_ && pending_.size() < shared_->config.max_pipeline && !replies_backlogged()) {
-      Decoded d = codec.decode(std::span<const std::byte>(
-          reinterpret_cast<const std::byte*>(buffer_.get() + begin_), end_ - begin_));
-      if (d.status == DecodeStatus::kNeedMore && peer_finished_ && end_ != begin_ &&
-          codec.config().kind == FramingKind::kLine &&
-          end_ - begin_ <= codec.config().max_message_bytes) {
-        // The client's last line, ended by its close rather than a delimiter (`printf word |
-        // nc`): answered as a line, as line-oriented servers do. Only after the client's own
-        // EOF: a stop that cut a read short may have left the middle of a line here.
-        d = Decoded{DecodeStatus::kMessage, 0, end_ - begin_, end_ - begin_, {}};
-      }
+      // After the client's own EOF, what ends its stream may be a message too (a last line
+      // without its delimiter); not after a stop, which may have cut a read mid-message.
+      const std::span<const std::byte> buffered(
+          reinterpret_cast<const std::byte*>(buffer_.get() + begin_), end_ - begin_);
+      const Decoded d = peer_finished_ ? codec.decode_at_end(buffered) : codec.decode(buffered);
       if (d.status == DecodeStatus::kNeedMore) {
         if (read_done_ && end_ != begin_) {
           spdlog::info("{}: {} closed its side with a partial message of {} bytes; dropped",

@@ -267,7 +267,7 @@ uint32_t auto_ring_capacity(uint32_t max_message_bytes, uint32_t slot_bytes) {
   return static_cast<uint32_t>(capacity);
 }
 
-Result<std::vector<std::string>> size_services(AgentConfig& config, const AcceleratorFacts& facts) {
+std::vector<std::string> size_services(AgentConfig& config, const AcceleratorFacts& facts) {
   std::vector<std::string> lines;
   for (ServiceConfig& s : config.services) {
     std::string why;
@@ -298,13 +298,8 @@ Result<std::vector<std::string>> size_services(AgentConfig& config, const Accele
           fixed += c.count;
         }
       }
-      const uint64_t room =
-          (mqueue::kMaxQueues - std::min<uint64_t>(fixed, mqueue::kMaxQueues)) / (1 + per_queue);
-      if (room == 0) {
-        return invalid_argument("service '" + s.name + "': its " + std::to_string(fixed) +
-                                " client queues leave no room for a server queue in a region of " +
-                                std::to_string(mqueue::kMaxQueues) + " queues");
-      }
+      // The parser refused client queues that leave no room for one server queue.
+      const uint64_t room = (mqueue::kMaxQueues - fixed) / (1 + per_queue);
       if (q > room) {
         q = static_cast<uint32_t>(room);
         why += ", cut to what a region holds with its client queues";
@@ -315,12 +310,6 @@ Result<std::vector<std::string>> size_services(AgentConfig& config, const Accele
     if (std::any_of(s.client_queue_specs.begin(), s.client_queue_specs.end(),
                     [](const ClientQueueSpec& c) { return c.per_queue; })) {
       s.expand_client_queues();
-    }
-    if (uint64_t{s.queues} + s.client_queues.size() > mqueue::kMaxQueues) {
-      return invalid_argument("service '" + s.name + "': " + std::to_string(s.queues) +
-                              " server queues and " + std::to_string(s.client_queues.size()) +
-                              " client queues exceed the " + std::to_string(mqueue::kMaxQueues) +
-                              " queues a region can hold");
     }
     std::string line =
         "service '" + s.name + "': " + std::to_string(s.queues) + " queue(s)" +

@@ -690,9 +690,7 @@ Status AgentRuntime::Impl::run() {
                                                         : "rdma",
       config.server.str());
   // What the configuration left to the agent, sized for this accelerator, and said.
-  Result<std::vector<std::string>> sized = size_services(config, facts);
-  if (!sized.ok()) return sized.status();
-  for (const std::string& line : *sized)
+  for (const std::string& line : size_services(config, facts))
     spdlog::info("{}", line);
   for (const std::string& w : configuration_warnings(config, accelerator.kind))
     spdlog::warn("{}", w);

@@ -135,8 +135,7 @@ AgentConfig sized(const std::string& services, const AcceleratorFacts& facts,
                   const std::string& extra = "") {
   AgentConfig c = parse("agent: a\nserver: 127.0.0.1:7100\nsecret: 0123456789abcdef\n" + extra +
                         "services:\n" + services);
-  Result<std::vector<std::string>> lines = size_services(c, facts);
-  EXPECT_TRUE(lines.ok()) << lines.status().message();
+  size_services(c, facts);
   return c;
 }
 
@@ -185,10 +184,9 @@ TEST(AgentConfig, QueuesAndRingsAreSizedForTheAccelerator) {
       "agent: a\nserver: 127.0.0.1:7100\nsecret: 0123456789abcdef\n"
       "services:\n" +
       face);
-  Result<std::vector<std::string>> lines = size_services(c, kH200);
-  ASSERT_TRUE(lines.ok());
-  ASSERT_EQ(lines->size(), 1u);
-  EXPECT_EQ((*lines)[0],
+  const std::vector<std::string> lines = size_services(c, kH200);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0],
             "service 'face': 16 queue(s) (auto: an eighth of gpu:0's 132 SMs, rounded down to a "
             "power of two), rings of 512 slots of 256 B (auto: room for 15 messages of 8192 B), 16 "
             "client queue(s)");

@@ -174,9 +174,9 @@ struct AcceleratorFacts {
 };
 
 // Sets every service's `auto` queue count for `facts` (see the format above) and expands its
-// client queues; returns one line per service for the log, what was chosen and why. Fails when
-// the chosen queues and the client queues exceed what a region holds.
-Result<std::vector<std::string>> size_services(AgentConfig& config, const AcceleratorFacts& facts);
+// client queues, within what a region holds; returns one line per service for the log, what
+// was chosen and why. Given counts were checked against the region's limit by the parser.
+std::vector<std::string> size_services(AgentConfig& config, const AcceleratorFacts& facts);
 
 // What the configuration allows but will not serve as meant, on `accelerator` (cpu or gpu), one
 // line each for the log: workers that own a service's server queues but none of its client

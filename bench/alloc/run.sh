@@ -33,19 +33,23 @@ command -v python3 >/dev/null || { echo "run.sh: python3 is missing" >&2; exit 7
 
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
+# The counter files live in memory (tmpfs) where there is one: the server stores into a shared
+# mapping of its file on every allocation, and a page of a disk file that cannot be written back
+# is a SIGBUS in the server.
+COUNT_DIR=$(mktemp -d /dev/shm/caracal-alloc.XXXXXX 2>/dev/null || mktemp -d)
 PIDS=()
 stop_all() {
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   PIDS=()
 }
-trap 'stop_all; rm -rf "$WORK"' EXIT
+trap 'stop_all; rm -rf "$WORK" "$COUNT_DIR"' EXIT
 SECRET="alloc-bench-secret-$$"  # at least 16 characters, whatever the pid
 
 # start SERVER: starts it with the counter preloaded; sets UDP and TCP (the ports) and COUNTS
 # (its counter file).
 start() {
-  COUNTS=$WORK/$1.counts
+  COUNTS=$COUNT_DIR/$1.counts
   local log=$WORK/$1.log
   if [ "$1" = cpu ]; then
     CARACAL_ALLOC_COUNT_FILE=$COUNTS LD_PRELOAD=$COUNTER "$CPU_BIN" --handler echo \

@@ -12,16 +12,26 @@ if grep -Eq '^CARACAL_SANITIZE:[A-Z]*=.+' "$BUILD/CMakeCache.txt" 2>/dev/null; t
   exit 77
 fi
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+# In memory where there is a tmpfs, as run.sh keeps them (a store to a disk file's page that
+# cannot be backed is a SIGBUS in the program counted).
+COUNT_DIR=$(mktemp -d /dev/shm/caracal-alloc.XXXXXX 2>/dev/null || mktemp -d)
+trap 'rm -rf "$WORK" "$COUNT_DIR"' EXIT
 
 # The counter alone: python3 takes objects over 512 bytes from malloc; 100,000 of them kept alive
 # are at least as many allocations more than the interpreter's start. The program must finish
 # (a failed run would count less and say nothing).
 count() {
-  CARACAL_ALLOC_COUNT_FILE=$WORK/py.counts LD_PRELOAD=$BUILD/bench/alloc/libcaracal_alloc_count.so \
-    python3 -c "import sys; keep = [bytes(1000 + i % 7) for i in range($1)]" 2>"$WORK/py.err" ||
-    { echo "FAIL: python3 under the counter exited $?: $(cat "$WORK/py.err")" >&2; return 1; }
-  python3 - "$WORK/py.counts" <<'PY'
+  local rc=0
+  CARACAL_ALLOC_COUNT_FILE=$COUNT_DIR/py.counts LD_PRELOAD=$BUILD/bench/alloc/libcaracal_alloc_count.so \
+    python3 -c "import sys; keep = [bytes(1000 + i % 7) for i in range($1)]" 2>"$WORK/py.err" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    local why=""
+    [ "$rc" -gt 128 ] && why=" (signal $(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128))))"
+    echo "FAIL: python3 under the counter exited $rc$why, counting into $COUNT_DIR" \
+      "($(df -h --output=fstype,avail "$COUNT_DIR" | tail -1 | xargs)): $(cat "$WORK/py.err")" >&2
+    return 1
+  fi
+  python3 - "$COUNT_DIR/py.counts" <<'PY'
 import struct, sys
 data = open(sys.argv[1], "rb").read()
 _, used, slots = struct.unpack_from("<QQQ", data, 0)

@@ -492,9 +492,12 @@ point() {
   [ "$REPORT" = gpus ] && [ -n "$METRICS_PORT" ] && before=$(answered "$name-metrics-before.txt")
   [ "$HOLDING" = 1 ] && hold=$(hold_stat)
   [ "$REPORT" = compare ] && i0=$(engine_idle_seconds)
+  # The wall-clock window encloses the tick readings (read it first, and last after the load),
+  # so that a reading that is slow to start, as on a loaded machine, cannot count ticks outside
+  # it: a pinned server's CPUs are never more than fully busy.
+  w0=$(date +%s.%N)
   [ -n "$SERVER_CPUS" ] && c0=$(cpus_ticks "$SERVER_CPUS")
   t0=$(pid_ticks "${SERVER_PIDS[@]}") p0=$(pid_ticks "${SERVER_PIDS[0]}") m0=$(pid_ticks $MC_PID) a0=$(machine_ticks)
-  w0=$(date +%s.%N)
   # ON_LOAD_START, when set, names a command started (in the background) as the load starts.
   if [ -n "$ON_LOAD_START" ]; then $ON_LOAD_START & hook=$!; fi
   loadgen "$name" "$proto" "$port" "$size" "$@" &
@@ -504,9 +507,10 @@ point() {
     perf_command "$ctl" "$ack" enable || log "$name: perf did not start sampling"
   fi
   wait "$lpid" || rc=$?
-  w1=$(date +%s.%N)
   t1=$(pid_ticks "${SERVER_PIDS[@]}") p1=$(pid_ticks "${SERVER_PIDS[0]}") m1=$(pid_ticks $MC_PID) a1=$(machine_ticks)
-  [ -n "$SERVER_CPUS" ] && c1=$(cpus_ticks "$SERVER_CPUS") && cpus=$(cores_over $((c1 - c0)) "$w0" "$w1")
+  [ -n "$SERVER_CPUS" ] && c1=$(cpus_ticks "$SERVER_CPUS")
+  w1=$(date +%s.%N)
+  [ -n "$SERVER_CPUS" ] && cpus=$(cores_over $((c1 - c0)) "$w0" "$w1")
   [ "$REPORT" = compare ] && i1=$(engine_idle_seconds)
   [ -n "$i0" ] && [ -n "$i1" ] && idle=$(awk -v a="$w0" -v b="$w1" -v i0="$i0" -v i1="$i1" 'BEGIN { printf "%.3f", (i1 - i0) / (b - a) }')
   [ -z "$hook" ] || wait "$hook"
@@ -910,6 +914,7 @@ print(f"{n / (time.perf_counter() - t0) / 1000:.4f}")' "$1" "${2:-0}"
     measure() {
       local li=$1 round=$2 proto=$3 n=${L_N[$1]} t=${L_T[$1]} name=${L_NAME[$1]} i w0 w1 failed=0 out
       local conns=$((SAT_PER_THREAD * t)) probe_pid='' probe_load=null t0=() c0=() rcs=() lpids=()
+      w0=$(date +%s.%N) # before the tick readings and after them at the end, as in point()
       for ((i = 0; i < n; i++)); do
         # shellcheck disable=SC2086 # a list of pids
         t0[i]=$(pid_ticks ${S_PIDS[i]})
@@ -920,7 +925,6 @@ print(f"{n / (time.perf_counter() - t0) / 1000:.4f}")' "$1" "${2:-0}"
         probe "$DURATION" "$WARMUP" >"$RAW/$name-r$round-$proto.probe" &
         probe_pid=$!
       fi
-      w0=$(date +%s.%N)
       for ((i = 0; i < n; i++)); do
         read -ra CLIENT <<<"${S_CLIENT[i]}"
         loadgen "$name-r$round-$proto-s$i" "$proto" "$([ "$proto" = tcp ] && echo "${S_TCP[i]}" || echo "${S_UDP[i]}")" \
@@ -932,20 +936,23 @@ print(f"{n / (time.perf_counter() - t0) / 1000:.4f}")' "$1" "${2:-0}"
         wait "${lpids[i]}" || rcs[i]=$?
         [ "${rcs[i]}" -eq 0 ] || failed=$((failed + 1))
       done
+      local t1=() c1=()
+      for ((i = 0; i < n; i++)); do
+        # shellcheck disable=SC2086 # a list of pids
+        t1[i]=$(pid_ticks ${S_PIDS[i]})
+        c1[i]=0
+        [ -n "${S_CPUS[i]}" ] && c1[i]=$(cpus_ticks "${S_CPUS[i]}")
+      done
       w1=$(date +%s.%N)
       if [ -n "$probe_pid" ]; then
         wait "$probe_pid" && probe_load=$(cat "$RAW/$name-r$round-$proto.probe")
         [ -n "$probe_load" ] || probe_load=null
       fi
       for ((i = 0; i < n; i++)); do
-        local t1 c1=0
         out="$name-r$round-$proto-s$i"
-        # shellcheck disable=SC2086 # a list of pids
-        t1=$(pid_ticks ${S_PIDS[i]})
-        [ -n "${S_CPUS[i]}" ] && c1=$(cpus_ticks "${S_CPUS[i]}")
         awk -v layout="${L_SPEC[li]}" -v n="$n" -v t="$t" -v ns="${L_NS[li]}" -v round="$round" -v proto="$proto" \
           -v hog="${L_HOG[li]}" -v hogs="${L_HOGS[li]}" -v pidle="$PROBE_IDLE" -v pload="$probe_load" \
-          -v i="$i" -v rc="${rcs[i]}" -v dt="$((t1 - t0[i]))" -v dc="$((c1 - c0[i]))" \
+          -v i="$i" -v rc="${rcs[i]}" -v dt="$((t1[i] - t0[i]))" -v dc="$((c1[i] - c0[i]))" \
           -v pinned="$PINNED" -v hz="$(getconf CLK_TCK)" -v a="$w0" -v b="$w1" -v json="$out.json" \
           -v cpus="${S_CPUS[i]}" -v ccpus="${S_CLIENT_CPUS[i]}" 'BEGIN {
             w = b - a

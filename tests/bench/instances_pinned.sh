@@ -35,7 +35,9 @@ for p in report["points"]:
     where = f"{p['layout']} {p['proto']}"
     assert p["loadgen_rc"] == 0, f"{where}: loadgen failed"
     assert p["server_cpus"] and p["client_cpus"], f"{where}: not pinned"
-    assert p["server_cpus_cores"] is not None and 0 < p["server_cpus_cores"] <= 1.05, \
+    # One CPU, and /proc/stat's ticks: each busy field of a reading is cut to a whole tick,
+    # up to 4 ticks over a window of some 40 (DURATION 0.3 s + WARMUP at 100 Hz).
+    assert p["server_cpus_cores"] is not None and 0 < p["server_cpus_cores"] <= 1.10, \
         f"{where}: server CPU busy {p['server_cpus_cores']}"
     assert p["probe_idle"] and p["probe_idle"] > 0 and p["probe_load"] and p["probe_load"] > 0, \
         f"{where}: no probe rates ({p['probe_idle']}, {p['probe_load']})"

@@ -51,7 +51,9 @@ for p in pts:
     where = f"{p['version']} {p['proto']} {p['kind']}"
     assert p["rps"] and p["rps"] > 0, f"{where}: no throughput"
     assert p["errors"] == 0 and p["lost"] == 0, f"{where}: wrong or lost replies"
-    assert p["cpus_cores"] is not None and 0 < p["cpus_cores"] <= 1.05, \
+    # One CPU, and /proc/stat's ticks: each busy field of a reading is cut to a whole tick,
+    # up to 4 ticks over a window of some 40 (DURATION 0.3 s + WARMUP at 100 Hz).
+    assert p["cpus_cores"] is not None and 0 < p["cpus_cores"] <= 1.10, \
         f"{where}: server CPUs busy {p['cpus_cores']}"
 for v, netns, dispatch in (("loopback", "off", "round_robin"), ("veth", "rfs", "flow_affinity")):
     params = json.load(open(f"{out}/{v}/t1/compare.json"))["params"]

@@ -1,5 +1,6 @@
 #include "framing.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <string_view>
 
@@ -232,6 +233,16 @@ Decoded Codec::decode_at_end(std::span<const std::byte> buf) const {
   return d;
 }
 
+LineSkip Codec::skip_line(std::span<const std::byte> buf) const {
+  const std::string_view text(reinterpret_cast<const char*>(buf.data()), buf.size());
+  const std::string& delimiter = config_.delimiter;
+  if (const size_t end = text.find(delimiter); end != std::string_view::npos) {
+    return {end + delimiter.size(), true};
+  }
+  // The last delimiter.size() - 1 bytes may be the start of a delimiter the next read ends.
+  return {buf.size() - std::min(buf.size(), delimiter.size() - 1), false};
+}
+
 Decoded Codec::decode(std::span<const std::byte> buf) const {
   Decoded d;
   const FramingConfig& c = config_;
@@ -281,6 +292,8 @@ Decoded Codec::decode(std::span<const std::byte> buf) const {
           d.status = DecodeStatus::kMalformed;
           d.error =
               "no line delimiter within max_message_bytes " + std::to_string(c.max_message_bytes);
+          d.skippable = true;
+          d.consumed = skip_line(buf).consumed;  // at least one byte: buf holds a delimiter's
         }
         return d;
       }
@@ -288,6 +301,9 @@ Decoded Codec::decode(std::span<const std::byte> buf) const {
         d.status = DecodeStatus::kMalformed;
         d.error = "line of " + std::to_string(end) + " bytes, over max_message_bytes " +
                   std::to_string(c.max_message_bytes);
+        d.skippable = true;
+        d.line_ended = true;
+        d.consumed = end + c.delimiter.size();
         return d;
       }
       d.status = DecodeStatus::kMessage;

@@ -6,7 +6,8 @@
 //
 // A codec is stateless: decode() looks at the bytes buffered for a connection and says whether
 // they start with a whole message, need more bytes, or are malformed (the connection is then
-// closed with that reason; other connections are unaffected). Replies are framed the same way
+// closed with that reason, other connections unaffected; a line that is only too long can be
+// skipped instead, see Decoded::skippable). Replies are framed the same way
 // as requests: a prefix before, or a delimiter after, the handler's payload.
 #pragma once
 
@@ -44,6 +45,18 @@ struct Decoded {
   size_t payload_bytes = 0;
   size_t consumed = 0;  // bytes the message took, framing included
   std::string error;    // kMalformed: what was wrong, for the log and the close reason
+  // kMalformed under kLine for a line over max_message_bytes: the stream can go on after the
+  // line, as memcached's does after a request it cannot take. `consumed` is then what to drop:
+  // the line and its delimiter when `line_ended`, else every byte buffered but those that may
+  // begin the delimiter (skip_line() finds the line's end in what comes next).
+  bool skippable = false;
+  bool line_ended = false;
+};
+
+// What skip_line() drops of the rest of an overlong line.
+struct LineSkip {
+  size_t consumed = 0;
+  bool ended = false;  // the delimiter was among them: what follows is a new line
 };
 
 class Codec {
@@ -57,6 +70,9 @@ class Codec {
   // delimiter (no more than max_message_bytes) are the last line, as line-oriented servers
   // take them (`printf word | nc -N`); the other kinds have no such message.
   Decoded decode_at_end(std::span<const std::byte> buffered) const;
+  // kLine: the rest of a line decode() found overlong (skippable, not line_ended), at the start
+  // of `buffered`: up to and including its delimiter, or all but the bytes that may begin one.
+  LineSkip skip_line(std::span<const std::byte> buffered) const;
 
   // Framing bytes that go before a reply of `payload_bytes` (the prefix; none for the other
   // kinds), written to `out` (room for header_capacity()); returns how many.

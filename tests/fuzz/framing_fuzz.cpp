@@ -11,7 +11,9 @@
 //    malformed;
 //  - kNeedMore never holds more than the connection's read buffer has room for;
 //  - a decoded payload framed again (append_framed) decodes to the same payload;
-//  - a refusal says why.
+//  - a refusal says why;
+//  - an overlong line that can be skipped (a line listener with error_reply) is dropped up to
+//    and including its first delimiter, no further, and the stream decodes on after it.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -68,6 +70,23 @@ bool same(const Decoded& a, const Decoded& b) {
          a.payload_bytes == b.payload_bytes && a.consumed == b.consumed;
 }
 
+// Dropping `consumed` bytes of an overlong line at the front of `buf`: through its first
+// delimiter when `ended`, else none of the delimiter (the bytes kept may begin one).
+void check_skip(const FramingConfig& c, Bytes buf, size_t consumed, bool ended) {
+  const std::string_view text = caracal::fuzz::as_text(buf);
+  const size_t end = text.find(c.delimiter);
+  if (ended) {
+    CARACAL_FUZZ_CHECK(end != std::string_view::npos && consumed == end + c.delimiter.size(),
+                       "skipped %zu bytes, the first delimiter ends at %zu", consumed,
+                       end == std::string_view::npos ? 0 : end + c.delimiter.size());
+  } else {
+    CARACAL_FUZZ_CHECK(end == std::string_view::npos, "skipping on past a delimiter at %zu", end);
+    CARACAL_FUZZ_CHECK(consumed <= buf.size() && buf.size() - consumed < c.delimiter.size(),
+                       "skipped %zu of %zu bytes, keeping more than a delimiter's start", consumed,
+                       buf.size());
+  }
+}
+
 // What one decode at the front of `buf` must keep whatever it says.
 void check_decode(const Codec& codec, Bytes buf, const Decoded& d, bool prefixes) {
   const FramingConfig& c = codec.config();
@@ -83,6 +102,12 @@ void check_decode(const Codec& codec, Bytes buf, const Decoded& d, bool prefixes
     }
     case DecodeStatus::kMalformed:
       CARACAL_FUZZ_CHECK(!d.error.empty(), "malformed without a reason");
+      CARACAL_FUZZ_CHECK(!d.skippable || kKind == FramingKind::kLine, "skippable but not a line");
+      if (d.skippable) {
+        CARACAL_FUZZ_CHECK(d.consumed > 0 && d.consumed <= buf.size(), "skips %zu of %zu",
+                           d.consumed, buf.size());
+        check_skip(c, buf, d.consumed, d.line_ended);
+      }
       return;
     case DecodeStatus::kMessage:
       break;
@@ -154,6 +179,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const Bytes buf = stream.subspan(begin);
     const Decoded d = codec->decode(buf);
     check_decode(*codec, buf, d, i < kPrefixChecked);
+    if (d.skippable) {
+      // As a line listener with error_reply goes on: past the line, then decoding again.
+      begin += d.consumed;
+      bool ended = d.line_ended;
+      while (!ended) {
+        const Bytes rest = stream.subspan(begin);
+        const caracal::server::LineSkip skip = codec->skip_line(rest);
+        check_skip(config, rest, skip.consumed, skip.ended);
+        if (!skip.ended && skip.consumed == 0) break;  // the stream ends inside the line
+        begin += skip.consumed;
+        ended = skip.ended;
+      }
+      if (!ended) break;
+      continue;
+    }
     if (d.status != DecodeStatus::kMessage) {
       // Where the stream ends here: what decode_at_end takes as the last message lies within
       // what is buffered and within max_message_bytes, and a whole message is decode's.

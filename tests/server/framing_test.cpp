@@ -179,6 +179,46 @@ TEST(Framing, OverlongLineIsMalformed) {
   EXPECT_EQ(codec.decode(bytes("123456789\n")).status, DecodeStatus::kMalformed);
 }
 
+// An overlong line can be skipped: decode says how much of it to drop, skip_line() the rest.
+TEST(Framing, OverlongLineCanBeSkippedToItsDelimiter) {
+  Codec codec = make({.kind = FramingKind::kLine, .delimiter = "\r\n", .max_message_bytes = 4});
+  // Its delimiter buffered: the line and the delimiter go, the next line is whole.
+  auto buf = bytes("123456\r\nok\r\n");
+  Decoded d = codec.decode(buf);
+  ASSERT_EQ(d.status, DecodeStatus::kMalformed);
+  EXPECT_TRUE(d.skippable);
+  EXPECT_TRUE(d.line_ended);
+  EXPECT_EQ(d.consumed, 8u);
+  d = codec.decode(std::span(buf).subspan(8));
+  ASSERT_EQ(d.status, DecodeStatus::kMessage);
+  EXPECT_EQ(text(buf, 8, d.payload_bytes), "ok");
+
+  // No delimiter yet: all but the last byte (it may begin "\r\n") go; skip_line() finds the
+  // end in the next bytes, a delimiter split across them included.
+  auto head = bytes("1234567\r");
+  d = codec.decode(head);
+  ASSERT_EQ(d.status, DecodeStatus::kMalformed);
+  EXPECT_TRUE(d.skippable);
+  EXPECT_FALSE(d.line_ended);
+  EXPECT_EQ(d.consumed, 7u);
+  auto rest = bytes("\r\nnext\r\n");  // the byte kept, then the next read's
+  LineSkip skip = codec.skip_line(rest);
+  EXPECT_TRUE(skip.ended);
+  EXPECT_EQ(skip.consumed, 2u);
+  skip = codec.skip_line(bytes("xxxx\r"));
+  EXPECT_FALSE(skip.ended);
+  EXPECT_EQ(skip.consumed, 4u);
+  EXPECT_EQ(codec.skip_line({}).consumed, 0u);
+
+  // Other refusals cannot be skipped: a length prefix too large says nothing about the stream.
+  Codec prefixed = make({.kind = FramingKind::kLengthPrefixed, .max_message_bytes = 4});
+  std::byte header[Codec::header_capacity()];
+  const size_t n = prefixed.encode_header(9, header);
+  d = prefixed.decode(std::span<const std::byte>(header, n));
+  ASSERT_EQ(d.status, DecodeStatus::kMalformed);
+  EXPECT_FALSE(d.skippable);
+}
+
 TEST(Framing, PartialDelimiterAtMaxLengthStillWaits) {
   Codec codec = make({.kind = FramingKind::kLine, .delimiter = "\r\n", .max_message_bytes = 4});
   EXPECT_EQ(codec.decode(bytes("abcd\r")).status, DecodeStatus::kNeedMore);

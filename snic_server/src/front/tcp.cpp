@@ -327,6 +327,15 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
       // without its delimiter); not after a stop, which may have cut a read mid-message.
       const std::span<const std::byte> buffered(
           reinterpret_cast<const std::byte*>(buffer_.get() + begin_), end_ - begin_);
+      if (skipping_line_) {
+        // The rest of an overlong line, answered already (see below); at the stream's end, what
+        // is buffered is all the line's.
+        const LineSkip skip = codec.skip_line(buffered);
+        begin_ += read_done_ && !skip.ended ? buffered.size() : skip.consumed;
+        if (!skip.ended) return;
+        skipping_line_ = false;
+        continue;
+      }
       const Decoded d = peer_finished_ ? codec.decode_at_end(buffered) : codec.decode(buffered);
       if (d.status == DecodeStatus::kNeedMore) {
         if (read_done_ && end_ != begin_) {
@@ -338,6 +347,21 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
         return;
       }
       if (d.status == DecodeStatus::kMalformed) {
+        // A line that is only too long: with an error reply to answer it in its place, the
+        // line is dropped and the requests after it are served. Without one, the client could
+        // not tell which request went unanswered: the connection closes, as it does for one
+        // that fails (write_ready()).
+        if (d.skippable && shared_->config.error_reply) {
+          spdlog::debug("{}: {}: {}; skipped", shared_->name, peer_, d.error);
+          shared_->stats.drop(DropReason::kOversize);
+          begin_ += d.consumed;
+          skipping_line_ = !d.line_ended;
+          const uint32_t seq = next_seq_;
+          next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
+          pending_.emplace_back();
+          complete(seq, Reply{Reply::Kind::kError, d.error});
+          continue;
+        }
         fail_stream(d.error, DropReason::kMalformed);
         return;
       }
@@ -631,7 +655,8 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   bool closing_ = false;              // no more requests are taken
   bool closing_after_write_ = false;  // close once the output is written
   bool closed_ = false;
-  bool reply_paused_ = false;  // not reading: max_queued_reply_bytes of replies are unsent
+  bool reply_paused_ = false;   // not reading: max_queued_reply_bytes of replies are unsent
+  bool skipping_line_ = false;  // dropping the rest of an overlong line, answered already
 
   std::deque<Pending> pending_;  // requests read and not yet answered, oldest first
   uint32_t next_seq_ = 0;

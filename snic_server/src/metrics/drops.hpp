@@ -17,7 +17,7 @@ enum class DropReason : uint8_t {
   kConnectionClosed,  // a reply whose connection (or UDP request) is gone
   kMalformed,         // a TCP stream that cannot be framed
   kNoAgent,           // no agent serves the service
-  kOversize,          // a datagram over max_message_bytes
+  kOversize,          // a datagram, or a TCP line skipped, over max_message_bytes
   kPartialMessage,    // a TCP client closed with half a message sent
   kQueueFull,         // UDP: every queue congested
   kReplySlots,        // every reply slot in use

@@ -42,6 +42,11 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
         failures_(metrics.counter("caracal_destination_failures_total",
                                   "Calls answered with an error (connection failed, bad reply)",
                                   {{"destination", config.name}})),
+        disconnects_(metrics.counter(
+            "caracal_destination_disconnects_total",
+            "Connections dropped for an error: a malformed or unexpected reply, a read or write "
+            "failure, a timeout, the destination closing",
+            {{"destination", config.name}})),
         call_seconds_(
             metrics.histogram("caracal_destination_call_seconds",
                               "Time from a call reaching the destination's connection to its reply",
@@ -159,7 +164,9 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
         return;
       }
       if (waiting_.empty()) {
-        fail_all("sent a reply nobody asked for");
+        // Replies pair with calls by order: with none waiting, the pairing is lost.
+        fail_all("sent a reply of " + std::to_string(d.consumed) +
+                 " bytes with no call waiting for one (replies pair with calls in order)");
         return;
       }
       const Call call = waiting_.front();
@@ -179,10 +186,13 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   }
 
   // The connection is unusable: every call waiting on it gets an error; the next request
-  // connects again.
+  // connects again. Logged and counted, with calls waiting or not (a stray reply or a close
+  // from the destination with nothing in flight says something about the destination too).
   void fail_all(const std::string& reason) {
     const std::string text = where() + ": " + reason;
-    if (!waiting_.empty()) SPDLOG_WARN("{} ({} call(s) failed)", text, waiting_.size());
+    if (connected_) disconnects_.inc();
+    SPDLOG_WARN("{}; {} call(s) waiting failed{}", text, waiting_.size(),
+                connected_ ? ", the connection dropped" : "");
     for (const Call& call : waiting_)
       answer(call.token, text, mqueue::kSlotError);
     waiting_.clear();
@@ -231,6 +241,7 @@ class TcpClientLink final : public ClientLink, public std::enable_shared_from_th
   tcp::resolver resolver_;
   Counter& calls_;
   Counter& failures_;
+  Counter& disconnects_;
   Histogram& call_seconds_;  // answered calls only: failures are counted in failures_
 
   bool closed_ = false;

@@ -2,6 +2,12 @@
 // SmartNIC holds the connection to it) and gets the replies back, each carrying the token the
 // handler chose. Host/device code.
 //
+// On the wire, the SmartNIC frames each request by the destination's `framing` and cuts its
+// replies by it (snic_server/README.md, Framing): a length prefix goes before the handler's
+// bytes; under `line` the delimiter goes after them, so a handler writes none; a reply arrives
+// without its framing, except a `memcached` destination's, which arrives whole, `\r\n`
+// included, as the handler writes memcached's requests whole.
+//
 // Two ways to use it:
 //  - call(): send one request and wait for its reply (one call in flight on the channel);
 //  - send() / next_reply() / release_replies(): many calls in flight, matched by token.

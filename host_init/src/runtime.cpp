@@ -34,6 +34,8 @@ namespace {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
+// The least time between two log lines of one service's handler errors.
+constexpr std::chrono::seconds kHandlerErrorLogPeriod{1};
 using std::chrono::milliseconds;
 
 long long to_milliseconds(Clock::duration d) {
@@ -165,6 +167,9 @@ struct ServedRegion {
   NamedShmRegion region;      // transport shm
   mqueue::ShmMapping memory;  // transport rdma: host memory (an anonymous memfd mapping)
   std::unique_ptr<ServingAccelerator> accelerator;
+  // The handler errors the log has told of (Session::log_handler_errors), and when it may next.
+  uint64_t errors_logged = 0;
+  Clock::time_point next_error_log{};
   // transport rdma with region_memory gpu: `accelerator`, which owns the region in device memory.
   DeviceRegionServing* device_region = nullptr;
 #ifdef CARACAL_HAVE_RDMA
@@ -202,6 +207,7 @@ class Session {
   // Stops every accelerator, then drops the regions. An accelerator that cannot be stopped
   // (a GPU kernel that ignores its stop word) is logged and recorded; the run ends with it.
   void stop() {
+    log_handler_errors(Clock::now(), true);
     for (ServedRegion& s : served_) {
       if (!s.accelerator) continue;
       if (Status st = s.accelerator->stop(); !st.ok()) {
@@ -210,6 +216,23 @@ class Session {
       }
     }
     served_.clear();
+  }
+
+  // Requests the handlers failed since the last such line, at most a line per service and
+  // kHandlerErrorLogPeriod: the clients were told only that the handler failed.
+  // `flush`: whatever the time (the session is ending).
+  void log_handler_errors(Clock::time_point now, bool flush = false) {
+    for (ServedRegion& s : served_) {
+      if (!s.accelerator || (!flush && now < s.next_error_log)) continue;
+      const ServingAccelerator::HandlerErrors e = s.accelerator->handler_errors();
+      if (e.count <= s.errors_logged) continue;
+      spdlog::warn(
+          "service '{}': the handler failed {} request(s), each answered with an error "
+          "reply; the last: {}",
+          s.service->name, e.count - s.errors_logged, e.last);
+      s.errors_logged = e.count;
+      s.next_error_log = now + kHandlerErrorLogPeriod;
+    }
   }
 
   // The first accelerator that stopped serving on its own, with why.
@@ -633,6 +656,7 @@ Outcome AgentRuntime::Impl::serve(ServerLink& conn) {
     }
 
     const auto now = Clock::now();
+    session.log_handler_errors(now);
     if (now - last_heard >= timeout) {
       return lost("no answer from the server for " +
                   std::to_string(to_milliseconds(now - last_heard)) + " ms");

@@ -5,8 +5,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <atomic>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "caracal/agent/shm_region.hpp"
 #include "echo.hpp"
@@ -60,8 +69,9 @@ std::string region_name(const std::string& service) {
 // AgentRuntime::run() on its own thread; stopped and joined (bounded) on destruction.
 class RunningAgent {
  public:
-  explicit RunningAgent(AgentConfig config, RuntimeOptions options = fast_options())
-      : runtime_(std::move(config), make_backends(examples::Echo{}), options), thread_([this] {
+  explicit RunningAgent(AgentConfig config, RuntimeOptions options = fast_options(),
+                        HandlerBackends backends = make_backends(examples::Echo{}))
+      : runtime_(std::move(config), std::move(backends), options), thread_([this] {
           status_ = runtime_.run();
           done_.store(true, std::memory_order_release);  // pairs with the acquire in done()
         }) {}
@@ -219,6 +229,86 @@ std::unique_ptr<RegionPeer> register_echo(FakeControlServer& server, uint64_t* e
   auto peer = std::make_unique<RegionPeer>(region.shm_name);
   server.send(control::Attached{region.service});
   return peer;
+}
+
+// Echoes, except "throw:<what>", which throws an exception saying <what>.
+struct ThrowOnCommand {
+  void operator()(const accel::Request& req, accel::Response& resp, accel::Context&) {
+    const std::string_view text(reinterpret_cast<const char*>(req.data), req.size);
+    if (text.starts_with("throw:"))
+      throw std::runtime_error("internal " + std::string(text.substr(6)));
+    std::memcpy(resp.data, req.data, req.size);
+    resp.size = req.size;
+  }
+};
+
+// The lines logged through it, kept for a test to read while other threads log.
+class LinesSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::vector<std::string> lines() {
+    std::lock_guard lock(mutex_);
+    return lines_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    lines_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+// A handler's exception is for the agent's log: the client's error reply says only that the
+// handler failed, and the log says how many failed and why, a line for the lot.
+TEST(AgentRuntime, HandlerErrorsAreLoggedAndNotSentToTheClient) {
+  auto sink = std::make_shared<LinesSink>();
+  const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("runtime-test", sink));
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Restore() { spdlog::set_default_logger(logger); }
+  } restore{previous};
+
+  FakeControlServer server;
+  AgentConfig c = agent_config(server.port(), {service("echo", 1)});
+  c.accelerator.kind = AcceleratorKind::kCpu;
+  RunningAgent agent(c, fast_options(), make_backends(ThrowOnCommand{}));
+  uint64_t epoch = 0;
+  auto peer = register_echo(server, &epoch);
+  ASSERT_TRUE(accel::test::wait_until([&] { return agent.runtime().registrations() == 1; }));
+
+  const std::vector<std::string> texts = {"a", "throw:key 1", "b", "throw:key 2"};
+  std::vector<std::vector<std::byte>> payloads;
+  for (const std::string& t : texts)
+    payloads.push_back(accel::test::to_bytes(t));
+  const auto replies = peer->exchange(payloads);
+  ASSERT_EQ(replies.size(), texts.size());
+  for (const auto& [token, reply] : replies) {
+    if (texts[token].starts_with("throw:")) {
+      EXPECT_TRUE(reply.is_error()) << texts[token];
+      EXPECT_EQ(reply.text(), accel::kHandlerFailedReply);
+    } else {
+      EXPECT_EQ(reply.text(), texts[token]);
+    }
+  }
+  // Both counted (in one line, or two a second apart should the log look between them), the
+  // last line with the second one's reason.
+  const std::string prefix = "service 'echo': the handler failed ";
+  uint64_t counted = 0;
+  std::string last;
+  const auto logged = [&] {
+    counted = 0;
+    for (const std::string& line : sink->lines()) {
+      if (!line.starts_with(prefix)) continue;
+      counted += std::stoull(line.substr(prefix.size()));
+      last = line;
+    }
+    return counted == 2 && last.ends_with("; the last: the handler threw: internal key 2");
+  };
+  EXPECT_TRUE(accel::test::wait_until(logged)) << counted << " counted; the last line: " << last;
+  detach(server, agent);
 }
 
 // rdma.region_memory gpu on the CPU accelerator (a config an embedding program filled in

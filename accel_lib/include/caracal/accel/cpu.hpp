@@ -61,10 +61,33 @@ struct CpuOptions {
   uint32_t idle_sleep_max_us = 1000;
 };
 
+// What a client is told of a request its handler failed (threw): the exception's text may say
+// what the client should not see, so it goes to the agent's log instead (ErrorNote).
+inline constexpr const char* kHandlerFailedReply = "handler failed; the agent logs why";
+
+// The last of a worker's handler errors in words (an exception's what(), an overrun in
+// numbers), for the agent's log: set on the error path only, under its lock.
+class ErrorNote {
+ public:
+  void set(std::string text) {
+    std::lock_guard lock(m_);
+    text_ = std::move(text);
+  }
+  std::string get() const {
+    std::lock_guard lock(m_);
+    return text_;
+  }
+
+ private:
+  mutable std::mutex m_;
+  std::string text_;
+};
+
 // Counters a worker keeps (relaxed: read for reporting only).
 struct WorkerStats {
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> handler_errors{0};   // handler threw or overran its response buffer
+  ErrorNote last_error;                      // the last of them, in words
   std::atomic<uint64_t> reply_ring_full{0};  // times a burst stopped on a full TX ring
   std::atomic<uint64_t> corrupt_entries{0};  // RX entries that failed validation (ring stopped)
   std::atomic<uint64_t> idle_sleeps{0};      // sleeps between polls of an idle worker
@@ -252,24 +275,22 @@ class CpuAccelerator {
   };
 
   // Runs an overlapped handler's phases as invoke() runs a call operator: an exception becomes
-  // the request's error reply (start()'s is kept in the slot until its finish step).
+  // the request's error reply (start()'s at the request's finish step), its text the log's.
   struct OverlapInvoke {
     WorkerStats& stats;
-    std::vector<std::string> start_errors;  // per slot
 
     bool start(H& h, const Request& req, typename H::Pending& p, Calls& calls, Context& ctx,
-               uint32_t slot) {
+               uint32_t /*slot*/) {
       try {
         h.start(req, p, calls, ctx);
         return true;
       } catch (const HandlerFault&) {
         throw;
       } catch (const std::exception& ex) {
-        start_errors[slot] = std::string("handler failed: ") + ex.what();
+        note_failure(stats, std::string("start() threw: ") + ex.what());
       } catch (...) {
-        start_errors[slot] = "handler failed with a non-standard exception";
+        note_failure(stats, "start() threw something that is not a std::exception");
       }
-      stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
     void finish(H& h, const Request& req, typename H::Pending& p, const Replies& replies,
@@ -280,13 +301,15 @@ class CpuAccelerator {
       } catch (const HandlerFault&) {
         throw;
       } catch (const std::exception& ex) {
-        detail::write_error(resp, std::string("handler failed: ") + ex.what());
+        note_failure(stats, std::string("finish() threw: ") + ex.what());
       } catch (...) {
-        detail::write_error(resp, "handler failed with a non-standard exception");
+        note_failure(stats, "finish() threw something that is not a std::exception");
       }
-      stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
+      detail::write_error(resp, kHandlerFailedReply);
     }
-    void failed(Response& resp, uint32_t slot) { detail::write_error(resp, start_errors[slot]); }
+    void failed(Response& resp, uint32_t /*slot*/) {
+      detail::write_error(resp, kHandlerFailedReply);
+    }
   };
 
   void run_worker(uint32_t w) {
@@ -371,7 +394,7 @@ class CpuAccelerator {
                                               max_response,
                                               true};
     std::vector<uint32_t> channel_stopped(clients.size(), 0);
-    OverlapInvoke invoke{stats, std::vector<std::string>(overlap::Table<H>::kSlots)};
+    OverlapInvoke invoke{stats};
     overlap::Box box{};
     IdleBackoff backoff(options_);
     uint32_t rounds = 0;
@@ -506,51 +529,57 @@ class CpuAccelerator {
     return total;
   }
 
+  // A request (or `n`) the handler failed: counted, and `why` kept for the agent's log.
+  static void note_failure(WorkerStats& stats, std::string why, uint64_t n = 1) {
+    stats.handler_errors.fetch_add(n, std::memory_order_relaxed);
+    stats.last_error.set(std::move(why));
+  }
+
+  // An overrun is the handler's bug in numbers it can act on, and tells the client nothing of
+  // the request's data: the reply says it as the log does.
+  static void check_overrun(Response& resp, WorkerStats& stats) {
+    if (resp.size <= resp.capacity) return;
+    std::string why = "handler wrote " + std::to_string(resp.size) + " bytes into a " +
+                      std::to_string(resp.capacity) + "-byte response";
+    detail::write_error(resp, why);
+    note_failure(stats, std::move(why));
+  }
+
   static void invoke(H& handler, const Request& req, Response& resp, Context& ctx,
                      WorkerStats& stats) {
     try {
       handler(req, resp, ctx);
-      if (resp.size > resp.capacity) {
-        stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
-        detail::write_error(resp, "handler wrote " + std::to_string(resp.size) + " bytes into a " +
-                                      std::to_string(resp.capacity) + "-byte response");
-      }
+      check_overrun(resp, stats);
+      return;
     } catch (const HandlerFault&) {
       throw;  // not an error reply: the worker stops (run_worker)
     } catch (const std::exception& ex) {
-      stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
-      detail::write_error(resp, std::string("handler failed: ") + ex.what());
+      note_failure(stats, std::string("the handler threw: ") + ex.what());
     } catch (...) {
-      stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
-      detail::write_error(resp, "handler failed with a non-standard exception");
+      note_failure(stats, "the handler threw something that is not a std::exception");
     }
+    detail::write_error(resp, kHandlerFailedReply);
   }
 
   static void invoke_batch(H& handler, const Request* reqs, Response* resps, uint32_t n,
                            Context& ctx, WorkerStats& stats) {
     try {
       handler(reqs, resps, n, ctx);
-      for (uint32_t i = 0; i < n; ++i) {
-        if (resps[i].size > resps[i].capacity) {
-          stats.handler_errors.fetch_add(1, std::memory_order_relaxed);
-          detail::write_error(resps[i], "handler wrote " + std::to_string(resps[i].size) +
-                                            " bytes into a " + std::to_string(resps[i].capacity) +
-                                            "-byte response");
-        }
-      }
+      for (uint32_t i = 0; i < n; ++i)
+        check_overrun(resps[i], stats);
+      return;
     } catch (const HandlerFault&) {
       throw;  // not an error reply: the worker stops (run_worker)
     } catch (const std::exception& ex) {
-      stats.handler_errors.fetch_add(n, std::memory_order_relaxed);
-      for (uint32_t i = 0; i < n; ++i) {
-        detail::write_error(resps[i], std::string("handler failed: ") + ex.what());
-      }
+      note_failure(
+          stats,
+          std::string("the handler threw on a batch of ") + std::to_string(n) + ": " + ex.what(),
+          n);
     } catch (...) {
-      stats.handler_errors.fetch_add(n, std::memory_order_relaxed);
-      for (uint32_t i = 0; i < n; ++i) {
-        detail::write_error(resps[i], "handler failed with a non-standard exception");
-      }
+      note_failure(stats, "the handler threw something that is not a std::exception", n);
     }
+    for (uint32_t i = 0; i < n; ++i)
+      detail::write_error(resps[i], kHandlerFailedReply);
   }
 
   mqueue::RegionView region_;

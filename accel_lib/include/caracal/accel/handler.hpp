@@ -55,7 +55,10 @@
 //  - The state outlives every worker: it is torn down only after every accelerator serving the
 //    service has stopped, and never while one may still run.
 //
-// A handler that cannot go on calls fault(): see there.
+// A handler that cannot go on calls fault(): see there. One that fails a request on the CPU may
+// throw: the client gets an error reply that says only that the handler failed
+// (kHandlerFailedReply, cpu.hpp), and the agent logs how many failed and the last exception's
+// text, a line per service a second at most. To tell the client why, answer with set_error().
 #pragma once
 
 #include <cstdint>

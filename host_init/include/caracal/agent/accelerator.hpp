@@ -46,6 +46,15 @@ class ServingAccelerator {
   virtual Status health() { return Status::ok_status(); }
   // What runs, for the log ("2 CPU worker(s)", "gpu:0 kernel: 2 warp-granular worker(s) ...").
   virtual std::string describe() const = 0;
+
+  // Requests the handler failed so far, each answered with an error reply, and one of the
+  // latest failures in words: for the agent's log, since the client is told only that the
+  // handler failed (accel::kHandlerFailedReply).
+  struct HandlerErrors {
+    uint64_t count = 0;
+    std::string last;
+  };
+  virtual HandlerErrors handler_errors() const { return {}; }
 };
 
 using StartResult = Result<std::unique_ptr<ServingAccelerator>>;
@@ -173,6 +182,17 @@ class CpuServing final : public ServingAccelerator {
   Status health() override { return accelerator_.health(); }
   std::string describe() const override {
     return std::to_string(accelerator_.workers()) + " CPU worker(s)";
+  }
+  HandlerErrors handler_errors() const override {
+    HandlerErrors e;
+    for (uint32_t w = 0; w < accelerator_.workers(); ++w) {
+      const accel::WorkerStats& stats = accelerator_.stats(w);
+      const uint64_t n = stats.handler_errors.load(std::memory_order_relaxed);
+      if (n == 0) continue;
+      e.count += n;
+      if (std::string last = stats.last_error.get(); !last.empty()) e.last = std::move(last);
+    }
+    return e;
   }
   const accel::CpuAccelerator<H>& accelerator() const { return accelerator_; }
 

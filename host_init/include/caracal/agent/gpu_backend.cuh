@@ -18,6 +18,19 @@
 
 namespace caracal::agent {
 
+// A kernel's handler errors: a GPU handler cannot throw, so each is a response that claimed
+// more bytes than its buffer holds (the client got an error reply saying so).
+template <accel::Handler H>
+ServingAccelerator::HandlerErrors gpu_handler_errors(
+    const std::optional<accel::gpu::GpuAccelerator<H>>& accelerator) {
+  ServingAccelerator::HandlerErrors e;
+  if (!accelerator) return e;
+  for (uint32_t w = 0; w < accelerator->workers(); ++w)
+    e.count += accelerator->counters(w).handler_errors;
+  if (e.count != 0) e.last = "a response claimed more bytes than its buffer holds";
+  return e;
+}
+
 template <accel::Handler H>
 class GpuServing final : public ServingAccelerator {
  public:
@@ -48,6 +61,7 @@ class GpuServing final : public ServingAccelerator {
   }
   Status health() override { return accelerator_ ? accelerator_->health() : Status::ok_status(); }
   std::string describe() const override { return accelerator_ ? accelerator_->summary() : "gpu"; }
+  HandlerErrors handler_errors() const override { return gpu_handler_errors(accelerator_); }
 
  private:
   GpuServing() = default;
@@ -115,6 +129,7 @@ class GpuDeviceServing final : public DeviceRegionServing {
     return (accelerator_ ? accelerator_->summary() : std::string("gpu")) +
            " on a region in device memory";
   }
+  HandlerErrors handler_errors() const override { return gpu_handler_errors(accelerator_); }
   std::byte* region() const override { return region_->device(); }
   const mqueue::RegionHeader& header() const override { return region_->header(); }
   Result<int> export_dma_buf() const override { return region_->export_dma_buf(); }

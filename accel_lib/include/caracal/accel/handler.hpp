@@ -64,6 +64,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "caracal/accel/client.hpp"
 #include "caracal/mqueue/layout.hpp"
@@ -104,28 +105,271 @@ struct Response {
   }
 };
 
-// The threads that run one handler call together.
+namespace detail {
+
+// What a group's collectives compute (Group): also how the CPU's group harness checks that
+// every rank called the same one (group_harness.hpp).
+enum class GroupOp : uint32_t {
+  kSync = 1,
+  kBroadcast,
+  kSum,
+  kMax,
+  kMin,
+  kAll,
+  kAny,
+  kExclusiveSum
+};
+
+#if !defined(__CUDA_ARCH__)
+// A collective of a host group of more than one thread (the group harness gives the group its
+// HostGroup): each rank's value goes through the harness's slots between two barriers.
+// Implemented in group_harness.hpp; `combine` reads every rank's value in rank order.
+void host_collective(void* group, uint32_t rank, GroupOp op, const void* value, void* result,
+                     uint32_t bytes,
+                     void (*combine)(GroupOp, const void* values, uint32_t ranks, uint32_t rank,
+                                     uint32_t from, void* result),
+                     uint32_t from);
+
+// The collective's result at `rank` from every rank's value (`values`: `ranks` of T), in the
+// same order of operations on every rank, so that all get the same bits.
+template <class T>
+void combine_values(GroupOp op, const void* values, uint32_t ranks, uint32_t rank, uint32_t from,
+                    void* result) {
+  const T* v = static_cast<const T*>(values);
+  T r{};
+  switch (op) {
+    case GroupOp::kBroadcast:
+      r = v[from];
+      break;
+    case GroupOp::kSum:
+      for (uint32_t i = 0; i < ranks; ++i)
+        r = r + v[i];
+      break;
+    case GroupOp::kMax:
+      r = v[0];
+      for (uint32_t i = 1; i < ranks; ++i)
+        r = r < v[i] ? v[i] : r;
+      break;
+    case GroupOp::kMin:
+      r = v[0];
+      for (uint32_t i = 1; i < ranks; ++i)
+        r = v[i] < r ? v[i] : r;
+      break;
+    case GroupOp::kExclusiveSum:
+      for (uint32_t i = 0; i < rank; ++i)
+        r = r + v[i];
+      break;
+    default:
+      break;
+  }
+  *static_cast<T*>(result) = r;
+}
+#endif
+
+#if defined(__CUDACC__)
+// A block's collectives go through shared memory: a slot per warp (a block has at most 32),
+// one array per value type. The warp stage is the warp's own collective.
+template <class T>
+__device__ T warp_sum(T v) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    v = v + __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+template <class T>
+__device__ T warp_max(T v) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const T o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = v < o ? o : v;
+  }
+  return v;
+}
+template <class T>
+__device__ T warp_min(T v) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const T o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = o < v ? o : v;
+  }
+  return v;
+}
+// The sum over the lanes below this one (0 at lane 0).
+template <class T>
+__device__ T warp_exclusive_sum(T v, uint32_t lane) {
+  T inclusive = v;
+  for (uint32_t offset = 1; offset < 32; offset *= 2) {
+    const T o = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive = inclusive + o;
+  }
+  const T below = __shfl_up_sync(0xffffffffu, inclusive, 1);
+  return lane == 0 ? T{} : below;
+}
+
+template <class T>
+__device__ T block_collective(GroupOp op, T v, uint32_t rank, uint32_t size, uint32_t from) {
+  __shared__ T slots[32];
+  const uint32_t warp = rank / 32;
+  const uint32_t lane = rank % 32;
+  const uint32_t warps = size / 32;
+  T r{};
+  switch (op) {
+    case GroupOp::kBroadcast:
+      if (rank == from) slots[0] = v;
+      __syncthreads();
+      r = slots[0];
+      break;
+    case GroupOp::kSum:
+    case GroupOp::kMax:
+    case GroupOp::kMin: {
+      const T w = op == GroupOp::kSum   ? warp_sum(v)
+                  : op == GroupOp::kMax ? warp_max(v)
+                                        : warp_min(v);
+      if (lane == 0) slots[warp] = w;
+      __syncthreads();
+      // Every thread combines the warps' results in the same order: the same bits everywhere.
+      r = slots[0];
+      for (uint32_t i = 1; i < warps; ++i) {
+        const T o = slots[i];
+        r = op == GroupOp::kSum ? r + o : op == GroupOp::kMax ? (r < o ? o : r) : (o < r ? o : r);
+      }
+      break;
+    }
+    case GroupOp::kExclusiveSum: {
+      const T below = warp_exclusive_sum(v, lane);
+      if (lane == 31) slots[warp] = below + v;  // the warp's total
+      __syncthreads();
+      for (uint32_t i = 0; i < warp; ++i)
+        r = r + slots[i];
+      r = r + below;
+      break;
+    }
+    default:
+      break;
+  }
+  __syncthreads();  // every thread has read the slots before the next collective writes them
+  return r;
+}
+#endif
+
+}  // namespace detail
+
+// The threads that run one handler call together: one (kThread), a warp's 32 lanes (kWarp) or a
+// block's threads (kBlock, a multiple of 32).
+//
+// Collectives: sync() and the calls below are made by every thread of the group, the same
+// ones in the same order, outside branches that only some ranks take (on a GPU a rank that
+// skips one hangs its group or reads garbage; the CPU's group harness, group_harness.hpp,
+// reports it). Each returns the same value on every rank. T: an arithmetic type of 4 or 8
+// bytes. Integer sums are exact; a float sum is added in a fixed order per backend, so a GPU's
+// and the harness's may differ in the last bits. A block's collectives use 32 slots of
+// shared memory per type, and include their own barriers. A group of one thread (kThread,
+// and every group the CPU accelerator runs) returns its own value.
 class Group {
  public:
   CARACAL_HOST_DEVICE Group() {}
-  CARACAL_HOST_DEVICE Group(Granularity g, uint32_t rank, uint32_t size)
-      : granularity_(g), rank_(rank), size_(size) {}
+  CARACAL_HOST_DEVICE Group(Granularity g, uint32_t rank, uint32_t size, void* host = nullptr)
+      : granularity_(g), rank_(rank), size_(size), host_(host) {}
   CARACAL_INLINE uint32_t rank() const { return rank_; }
   CARACAL_INLINE uint32_t size() const { return size_; }
   CARACAL_INLINE bool leader() const { return rank_ == 0; }
   CARACAL_INLINE Granularity granularity() const { return granularity_; }
-  // Barrier among the group's threads (a no-op for a single thread).
+  // Barrier among the group's threads (a no-op for a single thread): what each wrote before it
+  // is seen by every rank after it.
   CARACAL_INLINE void sync() const {
 #if defined(__CUDA_ARCH__)
     if (granularity_ == Granularity::kWarp) __syncwarp();
     if (granularity_ == Granularity::kBlock) __syncthreads();
+#else
+    if (host_ != nullptr) {
+      uint32_t none = 0;
+      detail::host_collective(host_, rank_, detail::GroupOp::kSync, &none, &none, sizeof none,
+                              nullptr, 0);
+    }
+#endif
+  }
+
+  // Rank `from`'s value, on every rank.
+  template <class T>
+  CARACAL_INLINE T broadcast(T value, uint32_t from = 0) const {
+    return collective(detail::GroupOp::kBroadcast, value, from);
+  }
+  template <class T>
+  CARACAL_INLINE T sum(T value) const {
+    return collective(detail::GroupOp::kSum, value, 0);
+  }
+  template <class T>
+  CARACAL_INLINE T max(T value) const {
+    return collective(detail::GroupOp::kMax, value, 0);
+  }
+  template <class T>
+  CARACAL_INLINE T min(T value) const {
+    return collective(detail::GroupOp::kMin, value, 0);
+  }
+  // The sum of the values of the ranks below this one (0 at the leader): where each rank's
+  // part starts when the ranks append parts of their own sizes in rank order.
+  template <class T>
+  CARACAL_INLINE T exclusive_sum(T value) const {
+    return collective(detail::GroupOp::kExclusiveSum, value, 0);
+  }
+  CARACAL_INLINE bool all(bool value) const {
+#if defined(__CUDA_ARCH__)
+    if (granularity_ == Granularity::kWarp) return __all_sync(0xffffffffu, value) != 0;
+    if (granularity_ == Granularity::kBlock) return __syncthreads_and(value) != 0;
+    return value;
+#else
+    return min(value ? 1u : 0u) != 0;
+#endif
+  }
+  CARACAL_INLINE bool any(bool value) const {
+#if defined(__CUDA_ARCH__)
+    if (granularity_ == Granularity::kWarp) return __any_sync(0xffffffffu, value) != 0;
+    if (granularity_ == Granularity::kBlock) return __syncthreads_or(value) != 0;
+    return value;
+#else
+    return max(value ? 1u : 0u) != 0;
 #endif
   }
 
  private:
+  template <class T>
+  CARACAL_INLINE T collective(detail::GroupOp op, T value, uint32_t from) const {
+    static_assert(std::is_arithmetic_v<T> && (sizeof(T) == 4 || sizeof(T) == 8),
+                  "group collectives take an arithmetic type of 4 or 8 bytes");
+#if defined(__CUDA_ARCH__)
+    switch (granularity_) {
+      case Granularity::kWarp:
+        switch (op) {
+          case detail::GroupOp::kBroadcast:
+            return __shfl_sync(0xffffffffu, value, static_cast<int>(from));
+          case detail::GroupOp::kSum:
+            return detail::warp_sum(value);
+          case detail::GroupOp::kMax:
+            return detail::warp_max(value);
+          case detail::GroupOp::kMin:
+            return detail::warp_min(value);
+          case detail::GroupOp::kExclusiveSum:
+            return detail::warp_exclusive_sum(value, rank_);
+          default:
+            return value;
+        }
+      case Granularity::kBlock:
+        return detail::block_collective(op, value, rank_, size_, from);
+      default:
+        return op == detail::GroupOp::kExclusiveSum ? T{} : value;
+    }
+#else
+    if (host_ == nullptr) return op == detail::GroupOp::kExclusiveSum ? T{} : value;
+    T result{};
+    detail::host_collective(host_, rank_, op, &value, &result, sizeof(T),
+                            &detail::combine_values<T>, from);
+    return result;
+#endif
+  }
+
   Granularity granularity_ = Granularity::kThread;
   uint32_t rank_ = 0;
   uint32_t size_ = 1;
+  // The CPU group harness's HostGroup for a host group of more than one thread (else null,
+  // and always on a GPU).
+  void* host_ = nullptr;
 };
 
 // What a handler call can reach besides its request and response.

@@ -36,8 +36,11 @@ class IoPool {
   boost::asio::io_context& main() { return *contexts_[0]; }
   boost::asio::io_context& at(size_t i) { return *contexts_[i % contexts_.size()]; }
   // The contexts in turn, for new connections. Any thread.
-  boost::asio::io_context& next() {
-    return at(next_.fetch_add(1, std::memory_order_relaxed));  // a counter: no ordering needed
+  boost::asio::io_context& next() { return at(next_index()); }
+  // The index of the next context in turn (at(), and the I/O thread that runs it).
+  uint32_t next_index() {
+    // A counter: no ordering needed.
+    return static_cast<uint32_t>(next_.fetch_add(1, std::memory_order_relaxed) % contexts_.size());
   }
   void stop() {
     for (auto& c : contexts_)

@@ -11,12 +11,71 @@
 #include <boost/system/error_code.hpp>
 #include <chrono>
 #include <cstddef>
+#include <new>
 #include <string>
 #include <utility>
 
 #include "tunables.hpp"
 
 namespace caracal::server {
+
+// Memory for one asynchronous operation at a time, as Asio's handler allocation lets a handler
+// bring its own (the `allocator_type` of the handler): the write in flight takes it, so that a
+// connection's writes allocate nothing. A request for more than it holds, or while it is taken,
+// goes to the heap. Used by one thread (or strand) only.
+class HandlerSlot {
+ public:
+  void* allocate(size_t bytes) {
+    if (!taken_ && bytes <= sizeof(storage_)) {
+      taken_ = true;
+      return storage_;
+    }
+    return ::operator new(bytes);
+  }
+  void deallocate(void* p) {
+    if (p == storage_) {
+      taken_ = false;
+    } else {
+      ::operator delete(p);
+    }
+  }
+
+ private:
+  alignas(std::max_align_t) unsigned char storage_[512];
+  bool taken_ = false;
+};
+
+template <class T>
+class SlotAllocator {
+ public:
+  using value_type = T;
+  explicit SlotAllocator(HandlerSlot* slot) : slot_(slot) {}
+  template <class U>
+  SlotAllocator(const SlotAllocator<U>& other) noexcept : slot_(other.slot()) {}
+  T* allocate(size_t n) { return static_cast<T*>(slot_->allocate(sizeof(T) * n)); }
+  void deallocate(T* p, size_t) { slot_->deallocate(p); }
+  HandlerSlot* slot() const { return slot_; }
+  template <class U>
+  bool operator==(const SlotAllocator<U>& other) const noexcept {
+    return slot_ == other.slot();
+  }
+
+ private:
+  HandlerSlot* slot_;
+};
+
+// A completion handler whose operation's memory is a HandlerSlot's.
+template <class Handler>
+struct SlotHandler {
+  Handler handler;
+  HandlerSlot* slot;
+  using allocator_type = SlotAllocator<void>;
+  allocator_type get_allocator() const noexcept { return allocator_type(slot); }
+  template <class... Args>
+  void operator()(Args&&... args) {
+    handler(std::forward<Args>(args)...);
+  }
+};
 
 class StreamWriter {
  public:
@@ -47,19 +106,21 @@ class StreamWriter {
           progress_at_ = std::chrono::steady_clock::now();
           return boost::asio::transfer_all()(ec, n);
         },
-        [this, done = std::move(done)](boost::system::error_code ec, size_t) mutable {
-          writing_ = false;
-          if (in_flight_.capacity() > tunables::kStreamWriteKeep) {
-            std::string().swap(in_flight_);
-          } else {
-            in_flight_.clear();
-          }
-          done(ec);
-        });
+        SlotHandler{[this, done = std::move(done)](boost::system::error_code ec, size_t) mutable {
+                      writing_ = false;
+                      if (in_flight_.capacity() > tunables::kStreamWriteKeep) {
+                        std::string().swap(in_flight_);
+                      } else {
+                        in_flight_.clear();
+                      }
+                      done(ec);
+                    },
+                    &slot_});
     return true;
   }
 
  private:
+  HandlerSlot slot_;  // the write in flight's operation
   std::string pending_;
   std::string in_flight_;
   bool writing_ = false;

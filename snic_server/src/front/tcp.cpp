@@ -20,7 +20,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +32,7 @@
 #include "framing.hpp"
 #include "listener_common.hpp"
 #include "memory_trim.hpp"
+#include "mqueue_manager/engine.hpp"
 #include "tunables.hpp"
 
 namespace caracal::server {
@@ -100,6 +100,46 @@ struct TcpConnectionStats {
   }
 };
 
+// A connection's requests read and not yet answered, oldest first: a ring of entries that are
+// reused from one request to the next, replies' strings with their capacity, so that a
+// connection in its steady state allocates nothing per request. It grows (doubling) only when
+// more requests are open than ever before on the connection, up to max_pipeline and one more
+// (the error that ends a stream).
+template <class Entry>
+class PendingQueue {
+ public:
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  Entry& front() { return slots_[head_]; }
+  Entry& operator[](size_t i) { return slots_[(head_ + i) % slots_.size()]; }
+  // A new entry at the back, reset (Entry::reset()).
+  Entry& push_back() {
+    if (size_ == slots_.size()) grow();
+    Entry& e = slots_[(head_ + size_) % slots_.size()];
+    ++size_;
+    e.reset();
+    return e;
+  }
+  void pop_front() {
+    slots_[head_].release();
+    head_ = (head_ + 1) % slots_.size();
+    --size_;
+  }
+
+ private:
+  void grow() {
+    std::vector<Entry> next(slots_.empty() ? 8 : slots_.size() * 2);
+    for (size_t i = 0; i < size_; ++i)
+      next[i] = std::move((*this)[i]);
+    slots_ = std::move(next);
+    head_ = 0;
+  }
+
+  std::vector<Entry> slots_;
+  size_t head_ = 0;
+  size_t size_ = 0;
+};
+
 // What every connection of one TCP listener shares: its configuration and codec, the service it
 // feeds, its counters, and the open connections (to close them at stop, and to count them
 // against the limits).
@@ -133,12 +173,14 @@ struct TcpListenerState {
 
 class TcpConnection final : public ReplySink, public std::enable_shared_from_this<TcpConnection> {
  public:
+  // `io_thread`: the I/O thread whose context the socket is on.
   TcpConnection(std::shared_ptr<TcpListenerState> shared, StrandSocket socket, uint64_t id,
-                const tcp::endpoint& peer)
+                const tcp::endpoint& peer, uint32_t io_thread)
       : ReplySink(shared->engine_threads),
         shared_(std::move(shared)),
         socket_(std::move(socket)),
         id_(id),
+        io_thread_(io_thread),
         flow_(flow_key(id)),
         outgoing_(lanes()),
         peer_address_(peer.address()),
@@ -158,19 +200,37 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     asio::post(socket_.get_executor(), [self = shared_from_this()] { self->begin(); });
   }
 
-  // Engine threads (see ReplySink): a burst's replies reach the strand in one post. Replies of
-  // one connection may come from several engine threads, in any order: on_reply() puts them
-  // back in request order by their sequence numbers.
+  // Engine threads (see ReplySink). Replies of one connection may come from several engine
+  // threads, in any order: on_reply() puts them back in request order by their sequence
+  // numbers.
+  //
+  // From the engine round of the connection's own I/O thread (the engine hosted in the I/O
+  // threads, and the request's queue this thread's, as dispatch prefers), a reply goes into
+  // the connection at once: its context has this one thread, which runs no handler of the
+  // connection while it runs the round, so nothing else touches the connection now. The reply
+  // is framed into the write buffer if it is the oldest unanswered request (else kept in its
+  // request's entry), and the burst's write starts at end_burst(): no copy of it but those,
+  // no allocation, no post. From any other engine thread, a burst's replies reach the strand
+  // in one post.
   void deliver(uint32_t thread, uint64_t token, const udp::endpoint&, ReplyView reply) override {
+    if (on_own_thread()) {
+      in_burst_ = true;
+      on_reply(token, reply.kind, reply.bytes);
+      return;
+    }
     outgoing_[thread].emplace_back(token, reply.owned());
   }
   void end_burst(uint32_t thread) override {
+    if (in_burst_ && on_own_thread()) {
+      in_burst_ = false;
+      after_replies(/*in_round=*/true);
+    }
     auto& outgoing = outgoing_[thread];
     if (outgoing.empty()) return;
     asio::post(socket_.get_executor(),
                [self = shared_from_this(), batch = std::move(outgoing)]() mutable {
                  for (auto& [token, reply] : batch)
-                   self->on_reply(token, std::move(reply));
+                   self->on_reply(token, reply.kind, reply.bytes);
                });
     outgoing.clear();  // moved-from: make it empty and usable again
   }
@@ -212,6 +272,16 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     bool done = false;
     bool fatal = false;  // close the connection after this one
     Reply reply;
+    void reset() {
+      done = false;
+      fatal = false;
+      reply.kind = Reply::Kind::kData;
+      reply.bytes.clear();
+    }
+    // Answered and written: a large reply's buffer goes, a small one's stays for the next.
+    void release() {
+      if (reply.bytes.capacity() > tunables::kStreamWriteKeep) std::string().swap(reply.bytes);
+    }
   };
 
   void read() {
@@ -358,8 +428,8 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
           skipping_line_ = !d.line_ended;
           const uint32_t seq = next_seq_;
           next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
-          pending_.emplace_back();
-          complete(seq, Reply{Reply::Kind::kError, d.error});
+          pending_.push_back();
+          complete(seq, Reply::Kind::kError, d.error);
           continue;
         }
         fail_stream(d.error, DropReason::kMalformed);
@@ -373,7 +443,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
       active_at_ = partial_at_ = Clock::now();
       const uint32_t seq = next_seq_;
       next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
-      pending_.emplace_back();
+      pending_.push_back();
       shared_->stats.requests.inc();
       switch (shared_->service.dispatch(*token_base_ | seq, bytes, flow_, true)) {
         case DispatchStatus::kQueued:
@@ -384,8 +454,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
         case DispatchStatus::kFull:  // not returned when may_exceed is set
         case DispatchStatus::kNoAgent:
           shared_->stats.drop(DropReason::kNoAgent);
-          complete(seq, Reply{Reply::Kind::kError,
-                              "no agent serves service " + shared_->service.name()});
+          complete(seq, Reply::Kind::kError, "no agent serves service " + shared_->service.name());
           break;
       }
     }
@@ -399,27 +468,42 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
     if (drop) shared_->stats.drop(*drop);
     closing_ = true;
     read_done_ = true;
-    Pending p;
+    Pending& p = pending_.push_back();
     p.done = true;
     p.fatal = true;
-    p.reply = Reply{Reply::Kind::kError, reason};
-    pending_.push_back(std::move(p));
+    p.reply.kind = Reply::Kind::kError;
+    p.reply.bytes = reason;
     next_seq_ = (next_seq_ + 1) & kTokenSequenceMask;
     write_ready();
   }
 
-  void on_reply(uint64_t token, Reply reply) {
+  // The engine round of the connection's own I/O thread is running (see deliver()).
+  bool on_own_thread() const { return Engine::hosted_thread() == static_cast<int>(io_thread_); }
+
+  // The connection's strand, or its thread's engine round (see deliver()).
+  void on_reply(uint64_t token, Reply::Kind kind, std::string_view bytes) {
     if (closed_) return;
-    const uint32_t seq = split_token(token).sequence;
-    complete(seq, std::move(reply));
-    // After a half-close too: requests left in the buffer when max_pipeline was reached are
-    // taken now.
-    if (!closed_ && !reading_ && !closing_ && pending_.size() <= shared_->config.max_pipeline / 2) {
+    complete(split_token(token).sequence, kind, bytes);
+    if (!in_burst_) after_replies(/*in_round=*/false);
+  }
+
+  // After replies were taken: after a half-close too, requests left in the buffer when
+  // max_pipeline was reached are taken now. Not within an engine round (`in_round`): reading
+  // on dispatches requests, which the round's own queues would take in the middle of the
+  // round, so the strand does it.
+  void after_replies(bool in_round) {
+    if (in_round) write();
+    if (closed_ || reading_ || closing_ || pending_.size() > shared_->config.max_pipeline / 2) {
+      return;
+    }
+    if (in_round) {
+      asio::post(socket_.get_executor(), [self = shared_from_this()] { self->resume(); });
+    } else {
       resume();
     }
   }
 
-  void complete(uint32_t seq, Reply reply) {
+  void complete(uint32_t seq, Reply::Kind kind, std::string_view bytes) {
     const uint32_t first =
         (next_seq_ - static_cast<uint32_t>(pending_.size())) & kTokenSequenceMask;
     const uint32_t index = (seq - first) & kTokenSequenceMask;
@@ -427,58 +511,75 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
       shared_->stats.drop(DropReason::kStaleReply);
       return;
     }
-    pending_[index].done = true;
-    pending_[index].reply = std::move(reply);
+    if (index == 0 && !closing_after_write_) {
+      // The oldest unanswered request: framed from where it is, not kept first.
+      emit(kind, bytes, false);
+      pending_.pop_front();
+    } else {
+      Pending& p = pending_[index];
+      p.done = true;
+      p.reply.kind = kind;
+      p.reply.bytes.assign(bytes);
+    }
     write_ready();
   }
 
-  void frame(const std::string& payload) {
+  void frame(std::string_view payload) {
     shared_->codec.append_framed(writer_.pending(), payload);
     shared_->stats.replies.inc();
   }
 
-  // Moves the replies at the front that are complete into the output, in request order.
+  // Frames the reply of the oldest unanswered request into the output; `fatal`: the connection
+  // closes after it (as it does after an error it cannot send).
+  void emit(Reply::Kind kind, std::string_view bytes, bool fatal) {
+    std::string unframeable;
+    if (kind == Reply::Kind::kData && !shared_->codec.can_frame(bytes.size())) {
+      shared_->stats.drop(DropReason::kReplyUnframeable);
+      unframeable =
+          "a reply of " + std::to_string(bytes.size()) + " bytes cannot be framed by this listener";
+      kind = Reply::Kind::kError;
+      bytes = unframeable;
+    }
+    switch (kind) {
+      case Reply::Kind::kData:
+        frame(bytes);
+        break;
+      case Reply::Kind::kNoReply:
+        break;
+      case Reply::Kind::kError: {
+        const std::optional<std::string> text =
+            format_error_reply(shared_->config, std::string(bytes));
+        if (text && shared_->codec.can_frame(text->size())) {
+          frame(*text);
+        } else {
+          if (!fatal) {
+            SPDLOG_WARN(
+                "{}: closing the connection from {}: a request failed ({}) and the "
+                "listener has no error_reply",
+                shared_->name, peer_, bytes);
+            shared_->stats.drop(DropReason::kRequestFailed);
+          }
+          fatal = true;
+        }
+        break;
+      }
+    }
+    if (fatal) {
+      closing_after_write_ = true;
+      closing_ = true;
+      read_done_ = true;
+    }
+  }
+
+  // Moves the replies at the front that are complete into the output, in request order, and
+  // writes them (at the burst's end within an engine round: see deliver()).
   void write_ready() {
     while (!pending_.empty() && pending_.front().done && !closing_after_write_) {
       Pending& p = pending_.front();
-      bool fatal = p.fatal;
-      if (p.reply.kind == Reply::Kind::kData && !shared_->codec.can_frame(p.reply.bytes.size())) {
-        shared_->stats.drop(DropReason::kReplyUnframeable);
-        p.reply = Reply{Reply::Kind::kError, "a reply of " + std::to_string(p.reply.bytes.size()) +
-                                                 " bytes cannot be framed by this listener"};
-      }
-      switch (p.reply.kind) {
-        case Reply::Kind::kData:
-          frame(p.reply.bytes);
-          break;
-        case Reply::Kind::kNoReply:
-          break;
-        case Reply::Kind::kError: {
-          const std::optional<std::string> text =
-              format_error_reply(shared_->config, p.reply.bytes);
-          if (text && shared_->codec.can_frame(text->size())) {
-            frame(*text);
-          } else {
-            if (!fatal) {
-              SPDLOG_WARN(
-                  "{}: closing the connection from {}: a request failed ({}) and the "
-                  "listener has no error_reply",
-                  shared_->name, peer_, p.reply.bytes);
-              shared_->stats.drop(DropReason::kRequestFailed);
-            }
-            fatal = true;
-          }
-          break;
-        }
-      }
+      emit(p.reply.kind, p.reply.bytes, p.fatal);
       pending_.pop_front();
-      if (fatal) {
-        closing_after_write_ = true;
-        closing_ = true;
-        read_done_ = true;
-      }
     }
-    write();
+    if (!in_burst_) write();
   }
 
   void write() {
@@ -630,6 +731,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   std::shared_ptr<TcpListenerState> shared_;
   StrandSocket socket_;
   uint64_t id_;
+  uint32_t io_thread_;
   uint64_t flow_;  // the connection's flow for flow_affinity (flow_key of id_)
   // Replies delivered by the engine and not yet flushed to the strand, per engine thread:
   // element i is used by engine thread i only.
@@ -658,7 +760,10 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
   bool reply_paused_ = false;   // not reading: max_queued_reply_bytes of replies are unsent
   bool skipping_line_ = false;  // dropping the rest of an overlong line, answered already
 
-  std::deque<Pending> pending_;  // requests read and not yet answered, oldest first
+  PendingQueue<Pending> pending_;  // requests read and not yet answered, oldest first
+  // Replies are being taken in an engine round of this connection's thread (see deliver()):
+  // the write waits for end_burst().
+  bool in_burst_ = false;
   uint32_t next_seq_ = 0;
   StreamWriter writer_;  // framed replies, written in request order
 
@@ -718,15 +823,16 @@ class TcpListener final : public Listener {
   // Everything below runs on the acceptor's thread (the first I/O context's).
   void accept() {
     // The connection goes to the next I/O context: its reads, writes and replies run there.
-    acceptor_.async_accept(asio::make_strand(io_.next()),
-                           [this](error_code ec, StrandSocket socket) {
+    const uint32_t thread = io_.next_index();
+    acceptor_.async_accept(asio::make_strand(io_.at(thread)),
+                           [this, thread](error_code ec, StrandSocket socket) {
                              if (ec == asio::error::operation_aborted || !acceptor_.is_open()) {
                                return;
                              }
                              if (ec) {
                                accept_failed(ec);
                              } else {
-                               admit(std::move(socket));
+                               admit(std::move(socket), thread);
                                accept();
                              }
                            });
@@ -734,7 +840,7 @@ class TcpListener final : public Listener {
 
   // A connection past max_connections or max_connections_per_address is closed at once;
   // otherwise it starts.
-  void admit(StrandSocket socket) {
+  void admit(StrandSocket socket, uint32_t thread) {
     error_code ec;
     const tcp::endpoint peer = socket.remote_endpoint(ec);
     if (ec) return;  // gone already (reset before it was accepted): the socket closes
@@ -759,7 +865,7 @@ class TcpListener final : public Listener {
       }
       if (refused == Refused::kNo) {
         const uint64_t id = ++next_id_;
-        connection = std::make_shared<TcpConnection>(shared_, std::move(socket), id, peer);
+        connection = std::make_shared<TcpConnection>(shared_, std::move(socket), id, peer, thread);
         shared_->connections.emplace(id, connection);
       }
     }

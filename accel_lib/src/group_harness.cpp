@@ -51,20 +51,24 @@ void HostGroup::collective(
   for (uint32_t i = 0; i < size_; ++i) {
     const Slot& other = slots_[i];
     if (i == rank) continue;
-    const std::string here = "request " + std::to_string(mine.request) + ", group call " +
-                             std::to_string(mine.calls) + " of rank " + std::to_string(rank) +
-                             " (" + group_op_name(op) + ")";
+    // Built only for a break of the contract: a collective that keeps it allocates nothing.
+    const auto here = [&] {
+      return "request " + std::to_string(mine.request) + ", group call " +
+             std::to_string(mine.calls) + " of rank " + std::to_string(rank) + " (" +
+             group_op_name(op) + ")";
+    };
     if (other.left) {
-      note_broken(here + ": rank " + std::to_string(i) +
+      note_broken(here() + ": rank " + std::to_string(i) +
                   " had returned from the handler: every rank makes the same group calls");
     } else if (other.op != op || other.calls != mine.calls) {
-      note_broken(here + " met rank " + std::to_string(i) + "'s group call " +
+      note_broken(here() + " met rank " + std::to_string(i) + "'s group call " +
                   std::to_string(other.calls) + " (" + group_op_name(other.op) +
                   "): every rank makes the same group calls in the same order");
     } else if (other.bytes != bytes || other.from != from) {
-      note_broken(here + ": rank " + std::to_string(i) + " gave a " + std::to_string(other.bytes) +
-                  "-byte value from rank " + std::to_string(other.from) + ", this one a " +
-                  std::to_string(bytes) + "-byte value from rank " + std::to_string(from));
+      note_broken(here() + ": rank " + std::to_string(i) + " gave a " +
+                  std::to_string(other.bytes) + "-byte value from rank " +
+                  std::to_string(other.from) + ", this one a " + std::to_string(bytes) +
+                  "-byte value from rank " + std::to_string(from));
     }
   }
   if (op == GroupOp::kBroadcast && from >= size_) {

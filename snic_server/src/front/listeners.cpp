@@ -41,7 +41,7 @@ Result<uint16_t> listen_tcp(tcp::acceptor& acceptor, const config::HostPort& at,
 }
 
 std::optional<std::string> format_error_reply(const ListenerConfig& config,
-                                              const std::string& reason) {
+                                              std::string_view reason) {
   if (!config.error_reply) return std::nullopt;
   std::string text = *config.error_reply;
   constexpr std::string_view kPlaceholder = "{reason}";

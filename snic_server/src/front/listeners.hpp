@@ -33,6 +33,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "caracal/core/status.hpp"
 #include "config.hpp"
@@ -83,6 +84,6 @@ Result<uint16_t> listen_tcp(boost::asio::ip::tcp::acceptor& acceptor, const conf
 
 // The error text a listener sends for a failed request, or nothing if it sends none.
 std::optional<std::string> format_error_reply(const ListenerConfig& config,
-                                              const std::string& reason);
+                                              std::string_view reason);
 
 }  // namespace caracal::server

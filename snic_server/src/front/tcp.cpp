@@ -547,8 +547,7 @@ class TcpConnection final : public ReplySink, public std::enable_shared_from_thi
       case Reply::Kind::kNoReply:
         break;
       case Reply::Kind::kError: {
-        const std::optional<std::string> text =
-            format_error_reply(shared_->config, std::string(bytes));
+        const std::optional<std::string> text = format_error_reply(shared_->config, bytes);
         if (text && shared_->codec.can_frame(text->size())) {
           frame(*text);
         } else {

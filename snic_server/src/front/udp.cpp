@@ -147,7 +147,7 @@ class UdpListenerCore final : public ReplySink,
         break;
       case Reply::Kind::kError:
         if (!config_.error_reply) stats_.drop(DropReason::kRequestFailed);
-        if (auto text = format_error_reply(config_, std::string(reply.bytes))) {
+        if (auto text = format_error_reply(config_, reply.bytes)) {
           s.outgoing[thread].add(peer, *text);
         }
         break;

@@ -120,6 +120,20 @@ enum class GroupOp : uint32_t {
   kExclusiveSum
 };
 
+// One step of a reduction (kSum, kMax, kMin): what it makes of the value so far and the next,
+// the same on every backend.
+template <class T>
+CARACAL_INLINE T combine_two(GroupOp op, T a, T b) {
+  switch (op) {
+    case GroupOp::kMax:
+      return a < b ? b : a;
+    case GroupOp::kMin:
+      return b < a ? b : a;
+    default:
+      return a + b;
+  }
+}
+
 #if !defined(__CUDA_ARCH__)
 // A collective of a host group of more than one thread (the group harness gives the group its
 // HostGroup): each rank's value goes through the harness's slots between two barriers.
@@ -142,18 +156,11 @@ void combine_values(GroupOp op, const void* values, uint32_t ranks, uint32_t ran
       r = v[from];
       break;
     case GroupOp::kSum:
-      for (uint32_t i = 0; i < ranks; ++i)
-        r = r + v[i];
-      break;
     case GroupOp::kMax:
-      r = v[0];
-      for (uint32_t i = 1; i < ranks; ++i)
-        r = r < v[i] ? v[i] : r;
-      break;
     case GroupOp::kMin:
-      r = v[0];
-      for (uint32_t i = 1; i < ranks; ++i)
-        r = v[i] < r ? v[i] : r;
+      r = op == GroupOp::kSum ? T{} : v[0];
+      for (uint32_t i = op == GroupOp::kSum ? 0 : 1; i < ranks; ++i)
+        r = combine_two(op, r, v[i]);
       break;
     case GroupOp::kExclusiveSum:
       for (uint32_t i = 0; i < rank; ++i)
@@ -169,26 +176,11 @@ void combine_values(GroupOp op, const void* values, uint32_t ranks, uint32_t ran
 #if defined(__CUDACC__)
 // A block's collectives go through shared memory: a slot per warp (a block has at most 32),
 // one array per value type. The warp stage is the warp's own collective.
+// kSum, kMax or kMin over a warp's 32 lanes, every lane getting the result.
 template <class T>
-__device__ T warp_sum(T v) {
+__device__ T warp_reduce(GroupOp op, T v) {
   for (int offset = 16; offset > 0; offset /= 2)
-    v = v + __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-template <class T>
-__device__ T warp_max(T v) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const T o = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = v < o ? o : v;
-  }
-  return v;
-}
-template <class T>
-__device__ T warp_min(T v) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const T o = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = o < v ? o : v;
-  }
+    v = combine_two(op, v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 // The sum over the lanes below this one (0 at lane 0).
@@ -219,17 +211,13 @@ __device__ T block_collective(GroupOp op, T v, uint32_t rank, uint32_t size, uin
     case GroupOp::kSum:
     case GroupOp::kMax:
     case GroupOp::kMin: {
-      const T w = op == GroupOp::kSum   ? warp_sum(v)
-                  : op == GroupOp::kMax ? warp_max(v)
-                                        : warp_min(v);
+      const T w = warp_reduce(op, v);
       if (lane == 0) slots[warp] = w;
       __syncthreads();
       // Every thread combines the warps' results in the same order: the same bits everywhere.
       r = slots[0];
-      for (uint32_t i = 1; i < warps; ++i) {
-        const T o = slots[i];
-        r = op == GroupOp::kSum ? r + o : op == GroupOp::kMax ? (r < o ? o : r) : (o < r ? o : r);
-      }
+      for (uint32_t i = 1; i < warps; ++i)
+        r = combine_two(op, r, slots[i]);
       break;
     }
     case GroupOp::kExclusiveSum: {
@@ -340,11 +328,9 @@ class Group {
           case detail::GroupOp::kBroadcast:
             return __shfl_sync(0xffffffffu, value, static_cast<int>(from));
           case detail::GroupOp::kSum:
-            return detail::warp_sum(value);
           case detail::GroupOp::kMax:
-            return detail::warp_max(value);
           case detail::GroupOp::kMin:
-            return detail::warp_min(value);
+            return detail::warp_reduce(op, value);
           case detail::GroupOp::kExclusiveSum:
             return detail::warp_exclusive_sum(value, rank_);
           default:

@@ -76,6 +76,9 @@ struct SlotHandler {
     handler(std::forward<Args>(args)...);
   }
 };
+// Spelled out: clang before 17 deduces no aggregate's template arguments (P1816).
+template <class Handler>
+SlotHandler(Handler, HandlerSlot*) -> SlotHandler<Handler>;
 
 class StreamWriter {
  public:

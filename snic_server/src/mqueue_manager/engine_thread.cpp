@@ -298,25 +298,67 @@ void EngineThread::finish() {
 
 void EngineThread::run() {
   owner_.enter();
+  serve();
+  owner_.leave();
+}
+
+// The one loop, hosted or not: a turn runs the host's ready handlers (hosted only), then a
+// round, then, if neither found work, an idle step. Without a host a turn has no handlers and
+// idle() never reports one that ended its wait, so only the round and the idle step remain.
+void EngineThread::serve() {
   uint32_t idle_rounds = 0;
+  // Hosted: whether the host's handlers since `dispatches` (a reading of
+  // Engine::hosted_dispatches_) brought requests: dispatched some, or left some in flight on
+  // this thread's queues.
+  const auto brought_requests = [this](uint64_t dispatches) {
+    return Engine::hosted_dispatches_ != dispatches ||
+           in_flight_.load(std::memory_order_relaxed) > 0;
+  };
   for (;;) {
-    // While idle, the rounds since the last mark found no work: their time counts, and the
-    // run ends here if this round finds work.
+    // While idle, the turns since the last mark found no work: their time counts, and the
+    // run ends here if this turn finds work (a clock read per turn without work, none per
+    // turn with it). The host's handlers below run after the mark: however long they take,
+    // none of it reads as idle.
     if (idle_time_.idle()) idle_time_.mark(Clock::now());
+    const uint64_t dispatches = Engine::hosted_dispatches_;
+    // The host's ready handlers (received requests, replies to write), without waiting, and
+    // at most kHostHandlersPerRound of them: a flood keeps a socket's handler ready forever.
+    size_t handled = 0;
+    if (host_ != nullptr) {
+      while (handled < tunables::kHostHandlersPerRound && host_->poll_one() > 0)
+        ++handled;
+      if (host_->stopped()) break;
+    }
     const RoundOutcome r = round();
     if (r == RoundOutcome::kStopping) break;
-    if (r == RoundOutcome::kBusy) {
-      idle_rounds = 0;
+    if (r == RoundOutcome::kBusy || handled > 0) {
+      // The spin starts afresh after a round that worked or handlers that brought requests.
+      // Handlers that brought none (a timer, a control message, a write's completion) leave
+      // it where it was: a timer that fires more often than a spin lasts (the acceptor's
+      // retry every 100 ms at the file limit) would otherwise keep an idle thread spinning.
+      if (r == RoundOutcome::kBusy || brought_requests(dispatches)) idle_rounds = 0;
       idle_time_.end();
     } else {
+      // A handler that the host runs inside idle() (below, the one that ends a sleep) counts
+      // as idle time; the handlers after it run at the start of the next turn, as work.
       if (!idle_time_.idle()) idle_time_.begin(Clock::now());
       prof::Scope t(prof::kIdle);
-      idle(++idle_rounds);
+      // A handler that ended the wait and brought requests (dispatched here, or in flight on
+      // this thread's queues) was work like one run between rounds: the thread spins again
+      // before its next sleep. Otherwise a thread that only reads (one that serves no
+      // queue: its requests go to its stand-in's) would, once asleep, sleep again after every
+      // request, and each would wait for it to be woken. A handler that brought none (a
+      // timer, a control message, a connection) gets tunables::kQuietWakeSpinRounds.
+      const uint64_t before_wait = Engine::hosted_dispatches_;
+      if (idle(++idle_rounds)) {
+        const uint32_t spin = engine_.options_.spin_rounds;
+        const uint32_t quiet = engine_.options_.quiet_wake_spin_rounds;
+        idle_rounds = brought_requests(before_wait) || quiet >= spin ? 0 : spin - quiet;
+      }
     }
   }
   if (idle_time_.idle()) idle_time_.mark(Clock::now());
   finish();
-  owner_.leave();
 }
 
 void EngineThread::run_hosted() {
@@ -332,56 +374,7 @@ void EngineThread::run_hosted() {
     owner_.enter();
     Engine::hosted_index_ = static_cast<int>(index_);
     prof::thread_begin();
-    uint32_t idle_rounds = 0;
-    // Whether the host's handlers since `dispatches` (a reading of Engine::hosted_dispatches_)
-    // brought requests: dispatched some, or left some in flight on this thread's queues.
-    const auto brought_requests = [this](uint64_t dispatches) {
-      return Engine::hosted_dispatches_ != dispatches ||
-             in_flight_.load(std::memory_order_relaxed) > 0;
-    };
-    for (;;) {
-      // While idle, the turns since the last mark found no work: their time counts, and the
-      // run ends here if this turn finds work (a clock read per turn without work, none per
-      // turn with it). The host's handlers below run after the mark: however long they take,
-      // none of it reads as idle.
-      if (idle_time_.idle()) idle_time_.mark(Clock::now());
-      const uint64_t dispatches = Engine::hosted_dispatches_;
-      // The host's ready handlers (received requests, replies to write), without waiting, and
-      // at most kHostHandlersPerRound of them: a flood keeps a socket's handler ready forever.
-      size_t handled = 0;
-      while (handled < tunables::kHostHandlersPerRound && io.poll_one() > 0)
-        ++handled;
-      if (io.stopped()) break;
-      const RoundOutcome r = round();
-      if (r == RoundOutcome::kStopping) break;
-      if (r == RoundOutcome::kBusy || handled > 0) {
-        // The spin starts afresh after a round that worked or handlers that brought requests.
-        // Handlers that brought none (a timer, a control message, a write's completion) leave
-        // it where it was: a timer that fires more often than a spin lasts (the acceptor's
-        // retry every 100 ms at the file limit) would otherwise keep an idle thread spinning.
-        if (r == RoundOutcome::kBusy || brought_requests(dispatches)) idle_rounds = 0;
-        idle_time_.end();
-      } else {
-        // A handler that the host runs inside idle() (below, the one that ends a sleep) counts
-        // as idle time; the handlers after it run at the start of the next turn, as work.
-        if (!idle_time_.idle()) idle_time_.begin(Clock::now());
-        prof::Scope t(prof::kIdle);
-        // A handler that ended the wait and brought requests (dispatched here, or in flight on
-        // this thread's queues) was work like one run between rounds: the thread spins again
-        // before its next sleep. Otherwise a thread that only reads (one that serves no
-        // queue: its requests go to its stand-in's) would, once asleep, sleep again after every
-        // request, and each would wait for it to be woken. A handler that brought none (a
-        // timer, a control message, a connection) gets tunables::kQuietWakeSpinRounds.
-        const uint64_t before_wait = Engine::hosted_dispatches_;
-        if (idle(++idle_rounds)) {
-          const uint32_t spin = engine_.options_.spin_rounds;
-          const uint32_t quiet = engine_.options_.quiet_wake_spin_rounds;
-          idle_rounds = brought_requests(before_wait) || quiet >= spin ? 0 : spin - quiet;
-        }
-      }
-    }
-    if (idle_time_.idle()) idle_time_.mark(Clock::now());
-    finish();
+    serve();
     prof::thread_end();
     Engine::hosted_index_ = -1;  // dispatch no longer favours this thread's queues
     owner_.leave();

@@ -110,8 +110,10 @@ class EngineThread {
     std::function<void()> done;
   };
 
-  // The loop of a thread of its own.
+  // A thread of its own: serve() between entering and leaving the owner role.
   void run();
+  // The loop, a thread of its own or hosted (run_hosted()), until a stop; then finish().
+  void serve();
   // What one round found: work, none, or that the thread is asked to stop (the round then did
   // nothing).
   enum class RoundOutcome { kIdle, kBusy, kStopping };

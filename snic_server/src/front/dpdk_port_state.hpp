@@ -109,10 +109,14 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
     rte_ether_addr mac{};
     uint16_t binding = kNoBinding;
   };
+  // A delivered reply. The lists of them are reused from burst to burst, each entry keeping
+  // its buffer's capacity, so that once the bursts reached their largest count and size a
+  // reply is copied without an allocation.
   struct PendingReply {
     SlotPeer slot;
     boost::asio::ip::udp::endpoint peer;
-    Reply reply;
+    Reply::Kind kind = Reply::Kind::kData;
+    std::string bytes;
   };
 
   // The lcore's loop (lcore_main()): bursts in, replies out, until the port quits.
@@ -145,14 +149,16 @@ class DpdkWorker final : public ReplySink, public std::enable_shared_from_this<D
   std::vector<SlotPeer> slot_peer_;
 
   std::mutex pending_m_;
-  std::vector<PendingReply> pending_;  // delivered by the engine, under pending_m_
-  std::atomic<uint32_t> pending_count_{0};
+  // Delivered by the engine, under pending_m_: [0, pending_used_) of pending_.
+  std::vector<PendingReply> pending_;
+  size_t pending_used_ = 0;
+  std::atomic<uint32_t> pending_count_{0};  // pending_used_, for a look without the lock
   // Requests of this queue dispatched and not yet delivered back; only steers idle sleeping,
   // so relaxed.
   std::atomic<int64_t> outstanding_{0};
 
   // The lcore's own.
-  std::vector<PendingReply> taken_;
+  std::vector<PendingReply> taken_;  // drain_replies()'s list, all of whose entries it sends
   std::vector<rte_mbuf*> rx_;
   std::vector<rte_mbuf*> tx_;
   std::vector<uint16_t> tx_binding_;

@@ -48,20 +48,26 @@ void DpdkWorker::deliver(uint32_t /*thread*/, uint64_t token, const udp::endpoin
     return;
   }
   std::lock_guard lock(pending_m_);
-  pending_.push_back(PendingReply{sp, peer, reply.owned()});
+  if (pending_used_ == pending_.size()) pending_.emplace_back();
+  PendingReply& p = pending_[pending_used_++];
+  p.slot = sp;
+  p.peer = peer;
+  p.kind = reply.kind;
+  p.bytes.assign(reply.bytes);
   // Pairs with the acquire load in drain_replies(): a worker that sees the count then takes
   // the lock, which is what orders the vector's contents.
-  pending_count_.store(static_cast<uint32_t>(pending_.size()), std::memory_order_release);
+  pending_count_.store(static_cast<uint32_t>(pending_used_), std::memory_order_release);
 }
 
 void DpdkWorker::discard_pending() {
   std::lock_guard lock(pending_m_);
-  for (const PendingReply& p : pending_) {
-    if (p.reply.kind != Reply::Kind::kNoReply) {
+  for (size_t i = 0; i < pending_used_; ++i) {
+    const PendingReply& p = pending_[i];
+    if (p.kind != Reply::Kind::kNoReply) {
       state_->bindings[p.slot.binding]->stats.drop(DropReason::kSendFailed);
     }
   }
-  pending_.clear();
+  pending_used_ = 0;
   pending_count_.store(0, std::memory_order_relaxed);
 }
 
@@ -167,26 +173,30 @@ void DpdkWorker::on_frame(rte_mbuf* m) {
 bool DpdkWorker::drain_replies() {
   // Pairs with the release store in deliver().
   if (pending_count_.load(std::memory_order_acquire) == 0) return false;
+  // The engine's list and this lcore's trade places: the entries of both keep their buffers.
+  size_t taken = 0;
   {
     std::lock_guard lock(pending_m_);
     taken_.swap(pending_);
+    taken = pending_used_;
+    pending_used_ = 0;
     pending_count_.store(0, std::memory_order_relaxed);
   }
-  for (PendingReply& p : taken_) {
+  for (size_t i = 0; i < taken; ++i) {
+    const PendingReply& p = taken_[i];
     DpdkBinding& binding = *state_->bindings[p.slot.binding];
-    switch (p.reply.kind) {
+    switch (p.kind) {
       case Reply::Kind::kNoReply:
         break;
       case Reply::Kind::kData:
-        send(p.slot, p.peer, p.reply.bytes);
+        send(p.slot, p.peer, p.bytes);
         break;
       case Reply::Kind::kError:
         if (!binding.config.error_reply) binding.stats.drop(DropReason::kRequestFailed);
-        send_error(p.slot, p.peer, p.reply.bytes);
+        send_error(p.slot, p.peer, p.bytes);
         break;
     }
   }
-  taken_.clear();
   return true;
 }
 

@@ -81,13 +81,6 @@ inline constexpr uint32_t kStopCheckRounds = 1024;
 inline constexpr uint32_t kSleepingStopCheckRounds = 64;
 inline constexpr uint32_t kFirstSleepNs = 32;
 
-struct QueueState {
-  mqueue::RingConsumer rx;
-  mqueue::RingProducer tx;
-  uint32_t stopped;   // a corrupt RX entry stopped this queue
-  uint32_t finished;  // overlapped handlers: requests were answered this round
-};
-
 enum : uint32_t { kStepIdle = 0, kStepServe = 1, kStepExit = 2 };
 
 // How much of the first RX slot of a burst a warp or block copies in one go (header and
@@ -117,30 +110,6 @@ struct Mailbox {
   uint32_t tx_flag;
   mqueue::SlotHeader reply;
   alignas(16) std::byte image[kSlotImageBytes];
-};
-
-struct KernelArgs {
-  std::byte* region;
-  QueueState* queues;       // [server queues], device memory
-  ClientChannel* channels;  // [workers][channels_per_worker], device memory
-  uint32_t channels_per_worker;
-  WorkerCounters* counters;  // [workers], device alias of mapped host memory
-  Request* batch_requests;   // [workers][kBatch] (batched handlers)
-  std::byte** batch_out;     // [workers][kBatch]
-  uint32_t* batch_sizes;     // [workers][kBatch]
-  // [workers][kBatch][staging_stride]: batched handlers' replies; with TX lines, the reply of
-  // a warp- or block-granular single-request handler (kBatch 1). nullptr: none.
-  std::byte* staging;
-  uint32_t staging_stride;
-  // Overlapped handlers (overlap.hpp): each worker's table of open requests, kept across
-  // launches, and its client queues' stopped flags.
-  std::byte* overlap_tables;
-  uint32_t* channel_stopped;
-  uint32_t workers;
-  uint32_t burst;
-  uint32_t busy_polls;
-  uint32_t idle_sleep_max_ns;
-  uint32_t max_response;
 };
 
 // Who a thread is, per granularity.
@@ -614,6 +583,9 @@ __global__ void serve_kernel(KernelArgs a, H prototype) {
 
 }  // namespace detail
 
+// The handler-typed part of the accelerator: what H asks of a launch, and the launch itself.
+// The rest (memory, stopping, health, counters) is detail::Runtime, compiled once in
+// caracal::accel_gpu rather than in every handler.
 template <Handler H>
 class GpuAccelerator {
   static constexpr bool kOverlapped = DeclaresInFlight<H>;
@@ -623,213 +595,45 @@ class GpuAccelerator {
 
  public:
   GpuAccelerator(GpuRegion region, H handler, GpuOptions options = {}, int device = 0)
-      : region_(region), handler_(std::move(handler)), options_(options), device_(device) {}
+      : runtime_(region, options, device, needs()), handler_(std::move(handler)) {}
   GpuAccelerator(const GpuAccelerator&) = delete;
   GpuAccelerator& operator=(const GpuAccelerator&) = delete;
-  ~GpuAccelerator() { (void)stop(); }
 
   // Launches the persistent kernel. Fails, with nothing left running, when the device cannot
   // hold every worker at once (a worker that is never scheduled would leave its queues unserved).
   Status start() {
-    if (running_) return invalid_argument("GPU accelerator already started");
-    CARACAL_RETURN_IF_ERROR(use_device(device_));
-    Result<mqueue::RegionHeader> header = detail::read_header(region_);
-    if (!header.ok()) return header.status();
-    header_ = *header;
-    uint32_t block_threads = options_.block_threads;
-    if constexpr (requires { H::kBlockThreads; }) block_threads = H::kBlockThreads;
-    Result<detail::LaunchShape> shape = detail::launch_shape(
-        granularity_of<H>(), header_.server_queue_count, header_.client_queue_count, options_,
-        block_threads, sizeof(detail::Mailbox));
-    if (!shape.ok()) return shape.status();
-    shape_ = *shape;
-    CARACAL_RETURN_IF_ERROR(detail::check_resident(
-        reinterpret_cast<const void*>(&detail::serve_kernel<H>), shape_, device_, summary()));
-
-    auto res = std::make_unique<detail::LaunchResources>();
-    const uint32_t w = shape_.workers;
-    constexpr uint32_t kBatch = batch_of<H>();
-    const uint32_t max_response = max_response_of<H>(header_.max_message_bytes);
-    const uint32_t per_worker = (header_.client_queue_count + w - 1) / w;
-    const uint32_t stride = static_cast<uint32_t>(mqueue::round_up(max_response, 16));
-    auto alloc = [](DeviceBuffer& b, uint64_t bytes, const char* what) -> Status {
-      if (bytes == 0) return Status::ok_status();
-      Result<DeviceBuffer> r = DeviceBuffer::allocate(bytes, what);
-      if (!r.ok()) return r.status();
-      b = std::move(r).value();
-      return Status::ok_status();
-    };
-    const uint64_t batch_entry = sizeof(Request) + sizeof(std::byte*) + sizeof(uint32_t);
-    CARACAL_RETURN_IF_ERROR(alloc(
-        res->queues, sizeof(detail::QueueState) * header_.server_queue_count, "GPU queue state"));
-    CARACAL_RETURN_IF_ERROR(
-        alloc(res->channels, sizeof(ClientChannel) * w * per_worker, "GPU client state"));
-    if constexpr (kBatch > 1) {
-      CARACAL_RETURN_IF_ERROR(alloc(res->batch, batch_entry * w * kBatch, "GPU batch state"));
-    }
-    if constexpr (kOverlapped) {
-      // The tables outlive a launch (their sequence numbers keep tokens from repeating), so they
-      // are allocated once for the accelerator's life, zero-filled.
-      const uint64_t tables = sizeof(overlap::Table<H>) * w;
-      if (overlap_tables_.size() < tables) {
-        CARACAL_RETURN_IF_ERROR(alloc(overlap_tables_, tables, "GPU open-request tables"));
-      }
-      CARACAL_RETURN_IF_ERROR(
-          alloc(res->channel_stopped, sizeof(uint32_t) * w * per_worker, "GPU client queue flags"));
-    }
-    // Batched handlers' replies; with TX lines, a warp's or block's single reply.
-    const bool stage_replies = kBatch > 1 || (mqueue::has_tx_lines(header_) &&
-                                              granularity_of<H>() != Granularity::kThread);
-    if (stage_replies) {
-      if (Status s = alloc(res->staging, uint64_t{stride} * w * kBatch, "GPU reply staging");
-          !s.ok()) {
-        return s;
-      }
-    }
-    Result<MappedBuffer> counters =
-        MappedBuffer::allocate(sizeof(WorkerCounters) * w, "GPU worker counters");
-    if (!counters.ok()) return counters.status();
-    res->counters = std::move(counters).value();
-    Result<Stream> stream = Stream::create("GPU accelerator");
-    if (!stream.ok()) return stream.status();
-    res->stream = std::move(stream).value();
-    Result<Stream> control = Stream::create("GPU accelerator control");
-    if (!control.ok()) return control.status();
-    res->control = std::move(control).value();
-
-    // This accelerator's own earlier stop() left the stop word raised: starting again clears
-    // it. A stop raised by anyone else (the SmartNIC, the agent) stays in force.
-    if (raised_stop_) {
-      CARACAL_RETURN_IF_ERROR(detail::write_stop_word(region_, header_, 0, res->control.get()));
-      raised_stop_ = false;
-    }
-
     detail::KernelArgs args{};
-    args.region = region_.device;
-    args.queues = reinterpret_cast<detail::QueueState*>(res->queues.data());
-    args.channels = reinterpret_cast<ClientChannel*>(res->channels.data());
-    args.channels_per_worker = per_worker;
-    args.counters = reinterpret_cast<WorkerCounters*>(res->counters.device());
-    if constexpr (kBatch > 1) {
-      std::byte* b = res->batch.data();
-      args.batch_requests = reinterpret_cast<Request*>(b);
-      args.batch_out = reinterpret_cast<std::byte**>(b + sizeof(Request) * w * kBatch);
-      args.batch_sizes =
-          reinterpret_cast<uint32_t*>(b + (sizeof(Request) + sizeof(std::byte*)) * w * kBatch);
-    }
-    args.staging = stage_replies ? res->staging.data() : nullptr;
-    args.staging_stride = stride;
-    if constexpr (kOverlapped) {
-      args.overlap_tables = overlap_tables_.data();
-      args.channel_stopped = reinterpret_cast<uint32_t*>(res->channel_stopped.data());
-    }
-    args.workers = w;
-    args.burst = options_.burst == 0 ? 1 : options_.burst;
-    args.busy_polls = options_.busy_polls;
-    args.idle_sleep_max_ns = options_.idle_sleep_max_ns == 0 ? 1 : options_.idle_sleep_max_ns;
-    args.max_response = max_response;
+    CARACAL_RETURN_IF_ERROR(
+        runtime_.prepare(reinterpret_cast<const void*>(&detail::serve_kernel<H>), args));
+    const detail::LaunchShape& shape = runtime_.shape();
     detail::serve_kernel<H>
-        <<<shape_.blocks, shape_.threads, shape_.shared_bytes, res->stream.get()>>>(args, handler_);
-    CARACAL_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "launching " + summary()));
-    resources_ = std::move(res);
-    running_ = true;
-    failure_ = Status::ok_status();
-    return Status::ok_status();
+        <<<shape.blocks, shape.threads, shape.shared_bytes, runtime_.stream()>>>(args, handler_);
+    return runtime_.launched(cudaGetLastError());
   }
 
-  // Raises the region's stop word and waits, up to options.stop_timeout_ms, for the kernel to
-  // return. A kernel that does not return is reported (and its memory left allocated: freeing
-  // it would wait for the kernel); it ends with the process.
-  Status stop() {
-    if (!running_) return Status::ok_status();
-    Status raised = detail::write_stop_word(region_, header_, 1, resources_->control.get());
-    raised_stop_ = raised.ok();
-    bool timed_out = false;
-    Status done = raised.ok() ? wait_stream(resources_->stream.get(),
-                                            std::chrono::milliseconds(options_.stop_timeout_ms),
-                                            "stopping " + summary(), &timed_out)
-                              : raised;
-    running_ = false;
-    if (timed_out) {
-      (void)resources_.release();  // the kernel may still use it: see above
-      if constexpr (kOverlapped) overlap_tables_.leak();
-      failure_ = done;
-      return done;
-    }
-    snapshot_counters();
-    resources_.reset();
-    if (!done.ok()) failure_ = done;
-    return done;
-  }
-
-  // OK while the kernel serves (or after a clean stop); otherwise why it is not serving: it
-  // failed (a fault in the handler poisons the CUDA context: only a new process recovers), or
-  // it returned because someone else raised the stop word.
-  Status health() {
-    if (!running_) return failure_;
-    const cudaError_t e = cudaStreamQuery(resources_->stream.get());
-    if (e == cudaErrorNotReady) return Status::ok_status();
-    if (e == cudaSuccess) {
-      return Status(StatusCode::kAborted,
-                    summary() + " returned: the region's stop word was raised by its peer");
-    }
-    return cuda_status(e, summary() + " failed");
-  }
-
-  bool running() const { return running_; }
-  uint32_t workers() const { return shape_.workers; }
-  WorkerCounters counters(uint32_t worker) const {
-    if (running_) return read_counters(worker);
-    return worker < last_counters_.size() ? last_counters_[worker] : WorkerCounters{};
-  }
-  uint64_t total_requests() const {
-    uint64_t n = 0;
-    for (uint32_t w = 0; w < shape_.workers; ++w)
-      n += counters(w).requests;
-    return n;
-  }
-  // "gpu:0 kernel: 4 warp-granular workers in 1 block(s) of 128 threads"
-  std::string summary() const {
-    return "gpu:" + std::to_string(device_) + " kernel: " + std::to_string(shape_.workers) + " " +
-           detail::granularity_name(granularity_of<H>()) + "-granular worker(s) in " +
-           std::to_string(shape_.blocks) + " block(s) of " + std::to_string(shape_.threads) +
-           " threads";
-  }
+  // detail::Runtime says what each does.
+  Status stop() { return runtime_.stop(); }
+  Status health() { return runtime_.health(); }
+  bool running() const { return runtime_.running(); }
+  uint32_t workers() const { return runtime_.workers(); }
+  WorkerCounters counters(uint32_t worker) const { return runtime_.counters(worker); }
+  uint64_t total_requests() const { return runtime_.total_requests(); }
+  std::string summary() const { return runtime_.summary(); }
 
  private:
-  WorkerCounters read_counters(uint32_t worker) const {
-    WorkerCounters out;
-    if (!resources_ || worker >= shape_.workers) return out;
-    auto* c = reinterpret_cast<WorkerCounters*>(resources_->counters.host()) + worker;
-    // Relaxed: the GPU writes these for reporting only.
-    out.requests = std::atomic_ref<uint64_t>(c->requests).load(std::memory_order_relaxed);
-    out.handler_errors =
-        std::atomic_ref<uint64_t>(c->handler_errors).load(std::memory_order_relaxed);
-    out.reply_ring_full =
-        std::atomic_ref<uint64_t>(c->reply_ring_full).load(std::memory_order_relaxed);
-    out.corrupt_entries =
-        std::atomic_ref<uint64_t>(c->corrupt_entries).load(std::memory_order_relaxed);
-    out.stale_replies = std::atomic_ref<uint64_t>(c->stale_replies).load(std::memory_order_relaxed);
-    return out;
-  }
-  void snapshot_counters() {
-    last_counters_.assign(shape_.workers, WorkerCounters{});
-    for (uint32_t w = 0; w < shape_.workers; ++w)
-      last_counters_[w] = read_counters(w);
+  static detail::HandlerNeeds needs() {
+    detail::HandlerNeeds n;
+    n.granularity = granularity_of<H>();
+    if constexpr (requires { H::kBlockThreads; }) n.block_threads = H::kBlockThreads;
+    n.batch = batch_of<H>();
+    if constexpr (requires { H::kMaxResponseBytes; }) n.max_response_bytes = H::kMaxResponseBytes;
+    n.mailbox_bytes = sizeof(detail::Mailbox);
+    if constexpr (kOverlapped) n.overlap_table_bytes = sizeof(overlap::Table<H>);
+    return n;
   }
 
-  GpuRegion region_;
+  detail::Runtime runtime_;
   H handler_;
-  GpuOptions options_;
-  int device_;
-  mqueue::RegionHeader header_{};
-  detail::LaunchShape shape_{};
-  std::unique_ptr<detail::LaunchResources> resources_;
-  DeviceBuffer overlap_tables_;  // overlapped handlers: see start()
-  std::vector<WorkerCounters> last_counters_;
-  bool running_ = false;
-  bool raised_stop_ = false;
-  Status failure_;
 };
 
 }  // namespace caracal::accel::gpu

@@ -34,7 +34,7 @@ now() { date +%s; }
 # Packages of the base root besides the DEBs' dependencies: an init, the network and the
 # operator's tools, and the kernel with its initramfs.
 BASE_PACKAGES=(systemd systemd-sysv udev kmod iproute2 openssh-server linux-image-arm64
-  ibverbs-utils rdmacm-utils ca-certificates)
+  ibverbs-utils rdmacm-utils)
 
 # The Depends of every DEB that are not among the DEBs themselves: names only (versions and
 # alternatives after the first dropped), sorted, one line.
@@ -68,11 +68,23 @@ image() {
     rm -rf "$CACHE"/base-*    # one base at a time: a changed list replaces the old one
     mkdir -p "$base"
     echo "bluefield-vm: making the arm64 base root ($SUITE): $pkgs" >&2
+    # Every dpkg and maintainer script runs under qemu-user, so what they need not do is cut:
+    # no fsync per file (the root is copied before use), no manual pages, documentation or
+    # translations, and one initramfs instead of two (the trigger's second run, after the
+    # kernel's postinst made one, is turned off; force-confold keeps that setting over the
+    # package's conffile). The dpkg settings are removed at the end, so that the DEBs install
+    # as they would on any Debian machine.
     mmdebstrap --architectures=arm64 --variant=minbase --mode=root \
       --include="$(echo "$pkgs" | tr ' ' ',' | sed 's/,*$//')" \
+      --dpkgopt=force-unsafe-io --dpkgopt=force-confold \
+      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
       --essential-hook='mkdir -p "$1/etc/initramfs-tools/conf.d" "$1/usr/share/initramfs-tools/modules.d"' \
+      --essential-hook='echo update_initramfs=no >"$1/etc/initramfs-tools/update-initramfs.conf"' \
       --essential-hook='echo MODULES=list >"$1/etc/initramfs-tools/conf.d/caracal-vm.conf"' \
       --essential-hook='printf "%s\n" virtio_pci virtio_blk crc32c_generic ext4 >"$1/usr/share/initramfs-tools/modules.d/caracal-vm"' \
+      --customize-hook='echo update_initramfs=yes >"$1/etc/initramfs-tools/update-initramfs.conf"' \
+      --customize-hook='rm -f "$1/etc/dpkg/dpkg.cfg.d/99mmdebstrap"' \
       --customize-hook='echo bluefield >"$1/etc/hostname"' \
       --customize-hook='rm -f "$1"/etc/ssh/ssh_host_*' \
       "$SUITE" "$base/root" >"$CACHE/base.log" 2>&1 ||

@@ -37,12 +37,7 @@ WORK=$(mktemp -d)
 # mapping of its file on every allocation, and a page of a disk file that cannot be written back
 # is a SIGBUS in the server.
 COUNT_DIR=$(mktemp -d /dev/shm/caracal-alloc.XXXXXX 2>/dev/null || mktemp -d)
-PIDS=()
-stop_all() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  PIDS=()
-}
+PIDS=()  # stop_all (bench.sh) stops them
 trap 'stop_all; rm -rf "$WORK" "$COUNT_DIR"' EXIT
 SECRET="alloc-bench-secret-$$"  # at least 16 characters, whatever the pid
 

@@ -75,6 +75,15 @@ wait_for_line() {
   return 1
 }
 
+# stop_all: SIGTERM to every process in the array PIDS (those a runner started), waits for
+# them, and empties it.
+stop_all() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  PIDS=()
+}
+
 # wait_attached LOG COUNT: 0 once snic_server's LOG says that COUNT agent regions have attached
 # (within 20 s); otherwise says how many did and returns 1.
 wait_attached() {

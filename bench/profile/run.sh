@@ -37,12 +37,7 @@ RAW=$OUT/raw
 mkdir -p "$RAW"
 : >"$RAW/points.txt"
 WORK=$(mktemp -d)
-PIDS=()
-stop_all() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  PIDS=()
-}
+PIDS=()  # stop_all (bench.sh) stops them
 trap 'stop_all; rm -rf "$WORK"' EXIT
 SECRET="profile-bench-secret-$$"
 cat >"$WORK/server.yaml" <<YAML

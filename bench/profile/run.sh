@@ -113,7 +113,7 @@ done
 {
   echo "# Server CPU per request, by part"
   echo
-  echo "$(machine_line); before: $(git -C "$BEFORE/.." log -1 --format=%h 2>/dev/null || echo "$BEFORE"), after: $(git -C "$AFTER/.." log -1 --format=%h 2>/dev/null || echo "$AFTER"); $ROUNDS rounds, $(date -u +%F)."
+  echo "$(machine_line); before: $(SRC=$BEFORE/.. commit_id), after: $(SRC=$AFTER/.. commit_id); $ROUNDS rounds, $(date -u +%F)."
   echo
   python3 "$SRC/bench/profile/parts.py" "$RAW"
 } >"$OUT/summary.md"
